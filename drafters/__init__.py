@@ -1,0 +1,1 @@
+"""Drafter families. Each module registers itself through the ``specbench.drafters`` entry points."""

@@ -1,0 +1,115 @@
+"""The ONE decoding loop, used by every drafter and by the autoregressive baseline.
+
+Positions: the committed sequence is ``x[0..L)``; the target's cache holds ``[0, L-1)``; the root
+``x[L-1]`` sits at ``pos = L-1`` and has not been run through the target yet. So the prefill covers
+``prompt[:-1]`` and the first step's forward computes the logits of the last prompt token, for the
+baseline and the drafters alike.
+
+One step:  1. propose -> 2. forward_tree -> 3. verify -> 4. commit -> 5. next DraftContext,
+timed as draft (1) / verify (2 + 3) / other (4 + 5 and bookkeeping).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specbench.drafter import DraftContext, Drafter, Sampling
+from specbench.targets import Target
+from specbench.tree import depths
+from specbench.verify import verify
+
+
+@dataclass(frozen=True)
+class Step:
+    tree_size: int  # nodes including the root
+    tree_depth: int  # deepest node's depth (0 for the root alone)
+    accepted: int  # accepted drafts (the bonus token not counted)
+    drafter_forwards: int
+    draft_s: float
+    verify_s: float
+    other_s: float
+
+
+@dataclass(frozen=True)
+class Generation:
+    output_ids: list[int]  # generated tokens, up to and including the first stop token
+    steps: list[Step] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def generate(
+    target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_tokens: int, sampling: Sampling
+) -> Generation:
+    """Speculative generation of at most ``max_new_tokens`` tokens after ``prompt_ids`` ([L] int64)."""
+    dev = target.device
+    layers = tuple(drafter.feature_layers)
+    stop = set(target.stop_token_ids)
+    drafter.reset(sampling)
+
+    t0 = _clock(dev)
+    feats = target.prefill(prompt_ids[:-1], layers)  # [L-1, F]: hidden at position j pairs with token j+1
+    if feats is not None:
+        feats = torch.cat([feats.new_zeros(1, feats.shape[-1]), feats], dim=0)  # token 0 has no predecessor
+    pos = prompt_ids.numel() - 1
+    ctx = DraftContext(tokens=prompt_ids.to(dev), features=feats, pos=pos, accepted_nodes=None)
+    t_start = _clock(dev)
+    prefill_s = t_start - t0
+
+    output: list[int] = []
+    steps: list[Step] = []
+    t_prev = t_start
+    while True:
+        # 1. propose a tree rooted at the last committed token
+        tree = drafter.propose(ctx)
+        t_draft = _clock(dev)
+        # 2. one target forward over the whole tree; 3. walk it
+        out = target.forward_tree(tree, pos, layers)
+        result = verify(tree, out.logits, sampling)
+        t_verify = _clock(dev)
+        # 4. keep the accepted path's K/V right after the prefix
+        target.commit(pos, result.path)
+        path = torch.as_tensor(result.path, device=dev)
+        new_tokens = tree.tokens[path[1:]].tolist() + [result.bonus]
+        # count tokens the same way for every method: up to and including the first stop token
+        done = False
+        for tok in new_tokens:
+            output.append(tok)
+            if tok in stop or len(output) >= max_new_tokens:
+                done = True
+                break
+        # 5. tell the drafter what was committed: accepted drafts + bonus (the new root), with the
+        #    features of the root and the accepted nodes (never of the bonus: it was not run)
+        pos += len(result.path)
+        ctx = DraftContext(
+            tokens=torch.tensor(new_tokens, dtype=torch.long, device=dev),
+            features=None if out.features is None else out.features[path],
+            pos=pos,
+            accepted_nodes=path,
+        )
+        t_end = _clock(dev)
+        steps.append(
+            Step(
+                tree_size=tree.size,
+                tree_depth=int(depths(tree.parents).max()),
+                accepted=len(result.path) - 1,
+                drafter_forwards=tree.n_forwards,
+                draft_s=t_draft - t_prev,
+                verify_s=t_verify - t_draft,
+                other_s=t_end - t_verify,
+            )
+        )
+        t_prev = t_end
+        if done or pos + 1 >= target.max_context:
+            break
+    return Generation(output_ids=output, steps=steps, prefill_s=prefill_s, decode_s=t_prev - t_start)

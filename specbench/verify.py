@@ -1,0 +1,126 @@
+"""Tree verification: pure functions of (tree, target logits, sampling); no model calls.
+
+Glossary (as in vLLM's spec-decode metrics):
+
+* accepted token: a draft node on the accepted path (the root is not counted);
+* bonus token: the one token drawn from the target at the last accepted node. When the walk ended
+  on a rejection it is the *recovered* token, drawn from the residual distribution; when it ended
+  at a leaf it is a plain sample from the target.
+
+Every step therefore commits ``len(path) - 1`` accepted drafts plus one bonus token.
+
+Greedy (temperature 0): walk from the root; at node i the target's choice is argmax(logits[i]);
+move to the child holding that token if there is one, else stop. The bonus is argmax at the stop.
+
+Sampling (temperature > 0): recursive rejection sampling on the tree, which leaves the output
+distribution exactly the target's (SpecInfer, Miao et al. 2024, Alg. 2; EAGLE uses the same rule):
+
+* children drafted deterministically (``tree.draft_probs is None``): each child is a point mass.
+  Try the children in node order; child token t is accepted with probability residual(t) (the
+  residual being normalised), and on rejection residual(t) <- 0 and renormalise;
+* children sampled i.i.d. from ``draft_probs[i]`` (q): accept t with min(1, residual(t) / q(t));
+  on rejection residual <- normalise(max(residual - q, 0)).
+
+If every child is rejected the recovered token is drawn from the final residual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specbench.drafter import Sampling
+from specbench.tree import DraftTree, children_lists
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    path: list[int]  # accepted node ids, root first: [0, n1, ..., na]
+    bonus: int  # the token drawn at the last accepted node
+
+
+def target_probs(logits: Tensor, sampling: Sampling) -> Tensor:
+    """The distribution the target samples from: softmax(logits / T) after top-k and top-p filters.
+
+    ``logits`` is [..., V]. top-k keeps the k largest logits; top-p keeps the smallest set of most
+    likely tokens whose mass reaches p (the token crossing p included), as transformers does.
+    """
+    scaled = logits.float() / sampling.temperature
+    if sampling.top_k and sampling.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, sampling.top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return torch.softmax(scaled, dim=-1)
+
+
+def verify(tree: DraftTree, logits: Tensor, sampling: Sampling) -> VerifyResult:
+    """Accepted path and bonus token for ``tree`` given the target ``logits`` [N, V] at its nodes."""
+    if sampling.greedy:
+        return verify_greedy(tree, logits)
+    return verify_sampling(tree, logits, sampling)
+
+
+def verify_greedy(tree: DraftTree, logits: Tensor) -> VerifyResult:
+    target_choice = logits.argmax(dim=-1).tolist()  # [N] the target's token after each node
+    tokens = tree.tokens.tolist()
+    kids = children_lists(tree.parents)
+    path = [0]
+    node = 0
+    while True:
+        want = target_choice[node]
+        nxt = next((c for c in kids[node] if tokens[c] == want), None)
+        if nxt is None:
+            return VerifyResult(path=path, bonus=want)
+        path.append(nxt)
+        node = nxt
+
+
+def _draw(probs: Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    return float(torch.rand((), generator=generator, device=device))
+
+
+def verify_sampling(tree: DraftTree, logits: Tensor, sampling: Sampling) -> VerifyResult:
+    gen = sampling.generator
+    tokens = tree.tokens.tolist()
+    kids = children_lists(tree.parents)
+    path = [0]
+    node = 0
+    while True:
+        residual = target_probs(logits[node], sampling)
+        accepted_child = None
+        for child in kids[node]:
+            tok = tokens[child]
+            if tree.draft_probs is None:
+                accept_prob = float(residual[tok])  # the draft is a point mass on tok
+            else:
+                draft_q = tree.draft_probs[node].to(residual)
+                accept_prob = min(1.0, float(residual[tok]) / max(float(draft_q[tok]), 1e-30))
+            if _uniform(gen, residual.device) < accept_prob:
+                accepted_child = child
+                break
+            if tree.draft_probs is None:
+                residual = residual.clone()
+                residual[tok] = 0.0
+            else:
+                residual = torch.clamp(residual - tree.draft_probs[node].to(residual), min=0.0)
+            total = float(residual.sum())
+            if total <= 0.0:  # only reachable through rounding; the target itself is then the residual
+                residual = target_probs(logits[node], sampling)
+            else:
+                residual = residual / total
+        if accepted_child is None:
+            return VerifyResult(path=path, bonus=_draw(residual, gen))
+        path.append(accepted_child)
+        node = accepted_child
