@@ -116,6 +116,18 @@ class Target:
         )
         return TreeOutput(logits=out.logits[0].float(), features=self._features(out, feature_layers))
 
+    def reset(self) -> None:
+        """Start an empty cache (``prefill`` does this too)."""
+        self.cache = DynamicCache(config=self.model.config)
+
+    def truncate(self, length: int) -> None:
+        """Drop cache slots from ``length`` on (used by drafters that run a Target of their own)."""
+        extra = self.kv_length - length
+        if extra < 0:
+            raise ValueError(f"cannot truncate a cache of {self.kv_length} slots to {length}")
+        if extra:
+            self.cache.crop(-extra)
+
     def commit(self, pos: int, path: list[int]) -> None:
         """Keep the prefix and the K/V of ``path`` (node ids, root first); crop the rest."""
         commit_path(self.cache, pos, path)

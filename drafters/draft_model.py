@@ -1,0 +1,145 @@
+"""Draft-model speculative sampling (SpS): an independent small LM with the target's tokenizer.
+
+The drafter owns a second :class:`~specbench.targets.Target` (the draft LM) and its KV cache. Each
+round it first brings its cache up to the committed sequence (it keeps the slots of tokens it had
+already run that were accepted, crops the rest, and runs the new committed tokens in one forward),
+then drafts:
+
+* ``top_k = 1`` (default): a chain of ``num_draft`` tokens, one draft forward each. At temperature
+  > 0 the chain is sampled from the draft's own distribution (same temperature / top-p / top-k as
+  the target) and those distributions go to the verifier (classic speculative sampling).
+* ``top_k > 1``: a tree; at each depth every frontier node gets its ``top_k`` most likely children
+  and the ``top_k`` best new nodes by cumulative log-prob become the next frontier. Each depth is
+  one draft forward over the whole tree so far (simple and exact; it recomputes ancestors, which
+  is our choice for clarity over a tree-shaped draft cache). Children are deterministic here, so
+  the verifier uses its point-mass rule at temperature > 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench.drafter import DraftContext, Sampling, UserError
+from specbench.tree import DraftTree, chain
+from specbench.verify import target_probs
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    model: str = ""  # alias, tiny-*, or local directory of the draft LM (same tokenizer as the target)
+    num_draft: int = 5  # chain length, or tree depth
+    top_k: int = 1  # 1 = chain; > 1 = top-k tree
+
+    def __post_init__(self) -> None:
+        if self.num_draft < 1 or self.top_k < 1:
+            raise ValueError("num_draft and top_k must be at least 1")
+
+
+class DraftModelDrafter:
+    description = "draft model (SpS): a small LM with the same tokenizer drafts a chain or a top-k tree (--set model=...)"
+    Config = DraftModelConfig
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, target, config: DraftModelConfig | None = None):
+        from specbench.targets import load_target
+
+        self.config = config or DraftModelConfig()
+        if not self.config.model:
+            raise UserError("the draft-model drafter needs a draft LM: pass --set model=ALIAS_OR_DIR (e.g. qwen2.5-coder-0.5b)")
+        dtype = str(target.dtype).removeprefix("torch.")
+        self.draft = load_target(self.config.model, device=str(target.device), dtype=dtype)
+        if self.draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+            raise UserError(
+                f"draft model '{self.config.model}' uses a different tokenizer from target '{target.name}'; "
+                "pick a draft LM of the same family"
+            )
+        if self.draft.vocab_size > target.vocab_size:
+            raise UserError(f"draft model vocabulary ({self.draft.vocab_size}) is larger than the target's ({target.vocab_size})")
+        self.target_vocab = target.vocab_size
+        self.reset(Sampling())
+
+    def reset(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.seq: list[int] = []  # committed tokens
+        self.cached: list[int] = []  # tokens whose K/V the draft cache holds, in order
+        self.draft.reset()
+
+    def _sync(self) -> torch.Tensor:
+        """Make the draft cache hold seq[:-1] plus the root's logits; return those logits [V]."""
+        keep = 0
+        limit = min(len(self.cached), len(self.seq) - 1)
+        while keep < limit and self.cached[keep] == self.seq[keep]:
+            keep += 1
+        self.draft.truncate(keep)
+        new = self.seq[keep:]
+        out = self.draft.forward_tree(chain(new), keep)
+        self.cached = list(self.seq)
+        return out.logits[-1]
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self.seq.extend(ctx.tokens.tolist())
+        logits = self._sync()
+        if self.config.top_k == 1:
+            return self._chain(logits, ctx.tokens.device)
+        return self._tree(ctx.tokens.device)
+
+    def _pad(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft distributions live on the target's vocabulary (a smaller draft vocab pads with 0)."""
+        if probs.shape[-1] == self.target_vocab:
+            return probs
+        return torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[-1]))
+
+    def _chain(self, logits: torch.Tensor, device) -> DraftTree:
+        s = self.sampling
+        tokens = [self.seq[-1]]
+        probs_rows = []
+        for i in range(self.config.num_draft):
+            if s.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = self._pad(target_probs(logits, s))
+                probs_rows.append(q)
+                tok = int(torch.multinomial(q, 1, generator=s.generator))
+            tokens.append(tok)
+            if i + 1 < self.config.num_draft:
+                logits = self.draft.forward_tree(chain([tok]), len(self.cached)).logits[-1]
+                self.cached.append(tok)
+        tree = chain(torch.tensor(tokens, dtype=torch.long, device=device))
+        draft_probs = None
+        if probs_rows:  # row i = distribution node i's child was drawn from; the leaf has none
+            probs_rows.append(torch.zeros_like(probs_rows[0]))
+            draft_probs = torch.stack(probs_rows).to(device)
+        return DraftTree(tokens=tree.tokens, parents=tree.parents, draft_probs=draft_probs, n_forwards=self.config.num_draft)
+
+    def _tree(self, device) -> DraftTree:
+        k = self.config.top_k
+        pos = len(self.seq) - 1
+        self.draft.truncate(pos)  # the root is re-run as node 0 of each tree forward
+        self.cached = self.seq[:-1]
+        tokens = [self.seq[-1]]
+        parents = [-1]
+        score = [0.0]  # cumulative log-prob
+        frontier = [0]
+        for _ in range(self.config.num_draft):
+            tree = DraftTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents))
+            logprobs = torch.log_softmax(self.draft.forward_tree(tree, pos).logits.float(), dim=-1)
+            self.draft.truncate(pos)
+            candidates = []
+            for node in frontier:
+                top = torch.topk(logprobs[node], k)
+                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+                    candidates.append((score[node] + lp, node, tok))
+            candidates.sort(key=lambda c: -c[0])
+            frontier = []
+            for total, node, tok in candidates[:k]:
+                frontier.append(len(tokens))
+                tokens.append(tok)
+                parents.append(node)
+                score.append(total)
+        return DraftTree(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            parents=torch.tensor(parents, dtype=torch.long, device=device),
+            n_forwards=self.config.num_draft,
+        )

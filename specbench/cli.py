@@ -1,0 +1,199 @@
+"""The `specbench` command: parse, build by registry, call the library, print with rich."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbench.drafter import UserError
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+class _Group(typer.core.TyperGroup):
+    """Turns a UserError from any command into one red line on stderr and exit status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Benchmark speculative-decoding drafters side by side on one lossless harness.",
+)
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+@app.command()
+def run(
+    drafter: str = typer.Option("ngram", "--drafter", "-d", help="drafter name (see `specbench drafters`)"),
+    task: Optional[str] = typer.Option("humaneval", "--task", "-t", help="built-in task (see `specbench tasks`)"),
+    task_file: Optional[Path] = typer.Option(None, "--task-file", help="custom prompts: JSONL with id and prompt or turns"),
+    category: Optional[str] = typer.Option(None, "--category", help="only this category of the task"),
+    target: str = typer.Option("smollm2-135m", "--target", help="alias, local model directory or hub id (see `specbench targets`)"),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", help="a deterministic subset of N prompts (chosen with --seed)"),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off"),
+    options: List[str] = typer.Option([], "--set", help="drafter option key=value (repeatable)"),
+    drafter_path: Optional[Path] = typer.Option(None, "--drafter-path", help="checkpoint directory of a learned drafter"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+    out: Optional[Path] = typer.Option(None, "--out", help="results file (default results/<run-id>.parquet)"),
+    results_dir: Path = typer.Option(Path("results"), "--results-dir", help="where runs go and baselines are looked up"),
+    resume: bool = typer.Option(False, "--resume", help="continue the interrupted run in --out"),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="pair with the AR baseline (run or reused)"),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="one untimed generation first"),
+) -> None:
+    """Run a drafter (and its AR baseline) over a task and write one row per (prompt, turn)."""
+    from specbench import report, runner
+    from specbench.targets import load_target
+
+    spec = runner.RunSpec(
+        drafter=drafter, target=target, task=None if task_file else task, task_file=task_file, category=category,
+        limit=limit, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        options=tuple(options), drafter_path=drafter_path, device=device, dtype=dtype, out=out,
+        results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup,
+    )
+    runner.validate(spec)  # user errors surface before any progress display or model load
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False,
+    ) as bar:
+        job = bar.add_task(f"{drafter} on {target}", total=None, label="loading")
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(job, completed=done, total=total, label=label)
+
+        outcome = runner.run(spec, lambda s: load_target(s.target, s.device, s.dtype), progress)
+
+    summary = report.run_summary(outcome.rows, None if outcome.baseline_rows is None else _frame(outcome.baseline_rows))
+    table = Table(title=f"{drafter} on {target} · {runner.task_name(spec)} · T={temperature}")
+    for col in ("prompts", "tau micro", "tau macro", "accept rate", "draft share", "tok/s",
+                "decode speedup (sum | mean)", "e2e speedup (sum | mean)", "lossless"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        _fmt(summary.get("n_prompts")), _fmt(summary.get("tau_micro"), 2), _fmt(summary.get("tau_macro"), 2),
+        _fmt(summary.get("acceptance_rate")), _fmt(summary.get("draft_share")), _fmt(summary.get("tokens_per_s"), 1),
+        f"{_fmt(summary.get('decode_speedup_sum'), 2)} | {_fmt(summary.get('decode_speedup_mean'), 2)}",
+        f"{_fmt(summary.get('e2e_speedup_sum'), 2)} | {_fmt(summary.get('e2e_speedup_mean'), 2)}",
+        _fmt(summary.get("lossless")),
+    )
+    out_console.print(table)
+    out_console.print(f"results: {outcome.out}")
+    if outcome.baseline_source:
+        where = outcome.baseline_out if outcome.baseline_source == "ran" else outcome.baseline_source
+        out_console.print(f"AR baseline: {where}")
+
+
+def _frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+@app.command()
+def compare(
+    files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or markdown"),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="list results from several devices together"),
+) -> None:
+    """One row per (target, task, drafter, config): tau, per-depth acceptance, draft share, speedups."""
+    from specbench import report, results
+
+    if fmt not in ("table", "json", "csv", "markdown"):
+        raise UserError(f"unknown --format '{fmt}'; use table, json, csv or markdown")
+    df = results.read_results(results.expand_globs(files))
+    table = report.compare(df, allow_mixed=allow_mixed)
+    if fmt == "table":
+        out_console.print(report.compare_table(table))
+    else:
+        typer.echo(report.format_compare(table, fmt))
+
+
+@app.command()
+def targets() -> None:
+    """List the built-in targets, their size and whether each is cached."""
+    from specbench.fetch import ALIASES, alias_dir, is_cached
+    from specbench.targets import DEFAULT_TARGET, TINY_TARGETS
+
+    table = Table(title="built-in targets (any local HF model directory works too)")
+    for col in ("alias", "model", "download", "cached"):
+        table.add_column(col)
+    for name, info in ALIASES.items():
+        label = name + (" (default)" if name == DEFAULT_TARGET else "")
+        table.add_row(label, info.description, f"{info.download_mb} MB",
+                      str(alias_dir(name)) if is_cached(name) else "no (fetched on first use)")
+    for name, desc in TINY_TARGETS.items():
+        table.add_row(name, desc, "-", "built in code")
+    out_console.print(table)
+
+
+@app.command()
+def tasks() -> None:
+    """List the built-in tasks with their prompt counts."""
+    from specbench.tasks import TASKS, task_counts
+
+    table = Table(title="tasks (or --task-file FILE.jsonl)")
+    for col in ("task", "prompts", "categories", "description"):
+        table.add_column(col)
+    for name, count, desc in task_counts():
+        table.add_row(name, str(count), ", ".join(TASKS[name].categories) or "-", desc)
+    out_console.print(table)
+
+
+@app.command()
+def drafters() -> None:
+    """List the registered drafters (entry-point group specbench.drafters) and their options."""
+    import dataclasses
+
+    from specbench.drafter import available_drafters
+
+    table = Table(title="drafters (options go in as --set key=value)")
+    for col in ("drafter", "description", "options (default)"):
+        table.add_column(col)
+    for name, ep in sorted(available_drafters().items()):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not hide the others
+            table.add_row(name, f"[red]failed to load: {exc}", "")
+            continue
+        opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
+        table.add_row(name, getattr(cls, "description", ""), opts or "-")
+    out_console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted; rows finished so far are kept — rerun with --resume --out FILE to continue")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
