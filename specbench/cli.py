@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.drafter import UserError
+from specbench.errors import UserError
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -53,7 +53,7 @@ def run(
     task_file: Optional[Path] = typer.Option(None, "--task-file", help="custom prompts: JSONL with id and prompt or turns"),
     category: Optional[str] = typer.Option(None, "--category", help="only this category of the task"),
     target: str = typer.Option("smollm2-135m", "--target", help="alias, local model directory or hub id (see `specbench targets`)"),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", help="a deterministic subset of N prompts (chosen with --seed)"),
+    limit: int = typer.Option(20, "--limit", "-n", help="a deterministic subset of N prompts (chosen with --seed); 0 = all"),
     seed: int = typer.Option(0, "--seed"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
@@ -75,7 +75,7 @@ def run(
 
     spec = runner.RunSpec(
         drafter=drafter, target=target, task=None if task_file else task, task_file=task_file, category=category,
-        limit=limit, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        limit=None if limit == 0 else limit, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         options=tuple(options), drafter_path=drafter_path, device=device, dtype=dtype, out=out,
         results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup,
     )

@@ -24,13 +24,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from specbench.errors import UserError
 from specbench.tree import DraftTree
 
+__all__ = ["UserError", "Sampling", "DraftContext", "Drafter", "parse_config", "drafter_class"]
+
 ENTRY_POINT_GROUP = "specbench.drafters"
-
-
-class UserError(Exception):
-    """A problem with what the user asked for; the CLI prints it as one line, no traceback."""
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def check_numbers(spec: RunSpec) -> None:
     if spec.top_k < 0:
         raise UserError(f"--top-k must be >= 0 (0 = off), got {spec.top_k}")
     if spec.limit is not None and spec.limit < 1:
-        raise UserError(f"--limit must be at least 1, got {spec.limit}")
+        raise UserError(f"--limit must be at least 1 (0 = all prompts), got {spec.limit}")
 
 
 def load_prompts(spec: RunSpec) -> list[Prompt]:

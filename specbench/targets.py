@@ -24,7 +24,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from specbench.cache import cache_length, commit_path
-from specbench.drafter import UserError
+from specbench.errors import UserError
 from specbench.tree import DraftTree, ancestor_mask, depths
 
 TINY_TARGETS = {

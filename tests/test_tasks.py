@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from specbench.drafter import UserError
+from specbench.errors import UserError
 from specbench.tasks import (
     TASKS,
     Prompt,

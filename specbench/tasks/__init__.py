@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from specbench.drafter import UserError
+from specbench.errors import UserError
 from specbench.tasks.base import Prompt, TaskInfo
 from specbench.tasks.builtin import BUILTIN
 from specbench.tasks.chat import plain_chat_text, render_chat

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specbench.drafter import UserError
+from specbench.errors import UserError
 from specbench.tasks.base import Prompt
 
 EXAMPLE = '{"id": "q1", "prompt": "Hello"}'

@@ -1,0 +1,415 @@
+"""Derived metrics (tau, acceptance, speedups, lossless), compare and its formats, baselines."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specbench import report
+from specbench.errors import UserError
+from specbench.report import (
+    COMPARE_COLUMNS,
+    accept_at_least,
+    accepted_histogram,
+    acceptance_rate,
+    compare,
+    draft_share,
+    drafter_forwards_per_step,
+    find_baseline,
+    format_compare,
+    lossless,
+    pair_with_baseline,
+    run_summary,
+    speedups,
+    tau_macro,
+    tau_micro,
+    tokens_per_s,
+)
+from specbench.results import SCHEMA_VERSION, RunWriter
+
+
+def make_row(prompt_id: str = "p0", turn: int = 1, **overrides) -> dict:
+    """A realistic result row; ``accepted`` sets the steps, n_new_tokens = sum(accepted + 1)."""
+    accepted = overrides.pop("accepted", [2, 1, 0])
+    n_new = overrides.pop("n_new_tokens", sum(a + 1 for a in accepted))
+    row = {
+        "run_id": "run-1",
+        "target": "tiny-llama",
+        "drafter": "eagle3",
+        "drafter_config": '{"depth":4}',
+        "checkpoint_hash": None,
+        "task": "mt_bench",
+        "category": "writing",
+        "prompt_id": prompt_id,
+        "turn": turn,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": 0,
+        "max_new_tokens": 64,
+        "device": "cpu",
+        "dtype": "float32",
+        "prompt_ids": [1, 2, 3, turn],
+        "output_ids": list(range(100, 100 + n_new)),
+        "n_new_tokens": n_new,
+        "n_steps": len(accepted),
+        "accepted_per_step": list(accepted),
+        "tree_size_per_step": [5] * len(accepted),
+        "tree_depth_per_step": [4] * len(accepted),
+        "drafter_forwards_per_step": [4] * len(accepted),
+        "prefill_s": 0.0,
+        "decode_s": 1.0,
+        "draft_s": 0.25,
+        "verify_s": 0.5,
+        "other_s": 0.25,
+        "device_name": "Test CPU",
+        "cpu_model": "Test CPU",
+        "threads": 4,
+        "torch_version": "2.13.0",
+        "transformers_version": "5.24.0",
+        "python_version": "3.11.7",
+        "specbench_sha": "abc1234",
+        "schema_version": SCHEMA_VERSION,
+    }
+    row.update(overrides)
+    return row
+
+
+def ar_row(prompt_id: str = "p0", turn: int = 1, n_new: int = 6, **overrides) -> dict:
+    """The AR baseline: one token per step, no drafts."""
+    defaults = dict(
+        drafter="ar",
+        drafter_config="{}",
+        accepted=[0] * n_new,
+        tree_size_per_step=[1] * n_new,
+        tree_depth_per_step=[0] * n_new,
+        drafter_forwards_per_step=[0] * n_new,
+        draft_s=0.0,
+    )
+    defaults.update(overrides)
+    return make_row(prompt_id, turn, **defaults)
+
+
+def frame(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+# --------------------------------------------------------------------------------------------
+# per-row-set metrics, hand-computed
+
+
+@pytest.fixture
+def two_rows() -> pd.DataFrame:
+    return frame(
+        make_row("p0", accepted=[3, 3, 1, 0], decode_s=2.0, draft_s=0.5),  # 11 tokens, 4 steps
+        make_row("p1", accepted=[0, 0], decode_s=1.0, draft_s=0.25, drafter_forwards_per_step=[1, 3]),
+    )
+
+
+def test_tau(two_rows):
+    assert tau_micro(two_rows) == pytest.approx(13 / 6)
+    assert tau_macro(two_rows) == pytest.approx((11 / 4 + 2 / 2) / 2)
+
+
+def test_acceptance_and_costs(two_rows):
+    assert acceptance_rate(two_rows) == pytest.approx(7 / 24)  # 6 steps x 4 drafted nodes
+    assert accept_at_least(two_rows) == pytest.approx([3 / 6, 2 / 6, 2 / 6, 0.0])
+    hist = accepted_histogram(two_rows)
+    assert list(hist.index) == [0, 1, 2, 3] and list(hist) == [3, 1, 0, 2]
+    assert draft_share(two_rows) == pytest.approx(0.75 / 3.0)
+    assert tokens_per_s(two_rows) == pytest.approx(13 / 3.0)
+    assert drafter_forwards_per_step(two_rows) == pytest.approx((4 * 4 + 1 + 3) / 6)
+
+
+def test_ar_baseline_metrics():
+    df = frame(ar_row("p0", n_new=5))
+    assert tau_micro(df) == 1.0
+    assert math.isnan(acceptance_rate(df))  # nothing drafted
+    assert accept_at_least(df) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_empty_metrics_are_nan():
+    df = frame(make_row()).iloc[:0]
+    assert math.isnan(tau_micro(df)) and math.isnan(tau_macro(df))
+    assert all(math.isnan(x) for x in accept_at_least(df))
+    assert len(accepted_histogram(df)) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# speedups and lossless
+
+
+def speed_data() -> pd.DataFrame:
+    """Greedy, identical outputs. Baseline decode 2.0 / 4.0 s, drafter 0.5 / 2.0 s; prefill 0.5 s.
+
+    decode: sum = (2 + 4) / (0.5 + 2) = 2.4, mean = (4 + 2) / 2 = 3
+    e2e:    sum = (2.5 + 4.5) / (1.0 + 2.5) = 2.0, mean = (2.5 + 1.8) / 2 = 2.15
+    p2 has no baseline partner and does not count.
+    """
+    return frame(
+        ar_row("p0", n_new=6, decode_s=2.0, prefill_s=0.5),
+        ar_row("p1", n_new=6, decode_s=4.0, prefill_s=0.5),
+        make_row("p0", accepted=[2, 2], decode_s=0.5, prefill_s=0.5),
+        make_row("p1", accepted=[2, 2], decode_s=2.0, prefill_s=0.5),
+        make_row("p2", accepted=[2, 2], decode_s=9.0, prefill_s=0.5),
+    )
+
+
+def test_speedups_hand_computed():
+    df = speed_data()
+    drafter = df[df["drafter"] == "eagle3"]
+    pairs = pair_with_baseline(drafter, df[df["drafter"] == "ar"])
+    assert len(pairs) == 2
+    sp = speedups(pairs)
+    assert sp["decode_speedup_sum"] == pytest.approx(2.4)
+    assert sp["decode_speedup_mean"] == pytest.approx(3.0)
+    assert sp["e2e_speedup_sum"] == pytest.approx(2.0)
+    assert sp["e2e_speedup_mean"] == pytest.approx(2.15)
+    assert lossless(pairs) is True
+
+
+def test_speedup_uses_throughput_when_lengths_differ():
+    # sampling: the drafter wrote 12 tokens in 2 s, the baseline 6 tokens in 3 s -> 6/2 = 3x
+    df = frame(
+        ar_row("p0", n_new=6, decode_s=3.0, temperature=0.7),
+        make_row("p0", accepted=[3, 3, 2], n_new_tokens=12, decode_s=2.0, temperature=0.7),
+    )
+    pairs = pair_with_baseline(df[df["drafter"] != "ar"], df[df["drafter"] == "ar"])
+    assert speedups(pairs)["decode_speedup_sum"] == pytest.approx(3.0)
+    assert lossless(pairs) is None  # not greedy
+
+
+def test_lossless_false_and_none():
+    base = ar_row("p0", n_new=6)
+    wrong = make_row("p0", accepted=[2, 2], output_ids=[100, 101, 102, 103, 104, 999])
+    pairs = pair_with_baseline(frame(wrong), frame(base))
+    assert lossless(pairs) is False
+    assert lossless(pair_with_baseline(frame(wrong), None)) is None
+    other_seed = pair_with_baseline(frame(wrong), frame(ar_row("p0", n_new=6, seed=1)))
+    assert len(other_seed) == 0 and lossless(other_seed) is None
+
+
+def test_pairs_never_cross_devices():
+    df = frame(ar_row("p0", n_new=6), make_row("p0", accepted=[2, 2], device="cuda", device_name="GPU"))
+    pairs = pair_with_baseline(df[df["drafter"] != "ar"], df[df["drafter"] == "ar"])
+    assert len(pairs) == 0
+    assert all(math.isnan(v) for v in speedups(pairs).values())
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+
+
+def test_compare_columns_and_values():
+    out = compare(speed_data())
+    assert list(out.columns) == COMPARE_COLUMNS
+    ar = out[out["drafter"] == "ar"].iloc[0]
+    eagle = out[out["drafter"] == "eagle3"].iloc[0]
+    assert ar["decode_speedup_sum"] == pytest.approx(1.0) and ar["lossless"] is True
+    assert ar["tau"] == 1.0 and ar["config"] == "{}"
+    assert eagle["n_prompts"] == 3
+    assert eagle["tau"] == pytest.approx(3.0)
+    assert eagle["accept_d2"] == 1.0 and eagle["accept_d3"] == 0.0
+    assert eagle["decode_speedup_sum"] == pytest.approx(2.4)
+    assert eagle["e2e_speedup_mean"] == pytest.approx(2.15)
+    assert eagle["lossless"] is True
+    assert eagle["config"] == '{"depth":4}'
+
+
+def test_compare_without_baseline_has_nan_speedups_and_no_lossless():
+    out = compare(frame(make_row("p0")))
+    row = out.iloc[0]
+    assert math.isnan(row["decode_speedup_sum"]) and row["lossless"] is None
+
+
+def test_compare_refuses_mixed_devices():
+    df = pd.concat([speed_data(), speed_data().assign(device="cuda", device_name="GPU")])
+    with pytest.raises(UserError, match="mix devices cpu, cuda; .*--allow-mixed"):
+        compare(df)
+    out = compare(df, allow_mixed=True)
+    assert list(out.columns) == COMPARE_COLUMNS[:4] + ["device", "device_name"] + COMPARE_COLUMNS[4:]
+    assert len(out) == 4
+    cuda = out[(out["drafter"] == "eagle3") & (out["device"] == "cuda")].iloc[0]
+    assert cuda["decode_speedup_sum"] == pytest.approx(2.4)  # paired with the cuda baseline only
+
+
+def test_compare_refuses_mixed_machines_on_one_device():
+    df = pd.concat([speed_data(), speed_data().assign(device_name="Other CPU")])
+    with pytest.raises(UserError, match="mix hardware"):
+        compare(df)
+
+
+def test_compare_adds_varying_setting_columns():
+    df = pd.concat([speed_data(), speed_data().assign(temperature=0.7)])
+    out = compare(df)
+    assert list(out.columns) == COMPARE_COLUMNS[:4] + ["temperature"] + COMPARE_COLUMNS[4:]
+    hot = out[(out["drafter"] == "eagle3") & (out["temperature"] == 0.7)].iloc[0]
+    assert hot["lossless"] is None and hot["decode_speedup_sum"] == pytest.approx(2.4)
+
+
+def test_compare_counts_a_rerun_prompt_once():
+    df = pd.concat([speed_data(), speed_data().assign(run_id="run-2", decode_s=100.0)])
+    eagle = compare(df).set_index("drafter").loc["eagle3"]
+    assert eagle["n_prompts"] == 3 and eagle["decode_speedup_sum"] == pytest.approx(2.4)
+
+
+def test_compare_empty():
+    assert list(compare(frame(make_row()).iloc[:0]).columns) == COMPARE_COLUMNS
+
+
+# --------------------------------------------------------------------------------------------
+# formats
+
+
+def test_format_json_has_exactly_the_fields():
+    records = json.loads(format_compare(compare(speed_data()), "json"))
+    assert len(records) == 2
+    for rec in records:
+        assert list(rec) == COMPARE_COLUMNS
+    no_base = json.loads(format_compare(compare(frame(make_row())), "json"))[0]
+    assert no_base["decode_speedup_sum"] is None and no_base["lossless"] is None
+
+
+def test_format_csv_markdown_table():
+    out = compare(speed_data())
+    back = pd.read_csv(io.StringIO(format_compare(out, "csv")))
+    assert list(back.columns) == COMPARE_COLUMNS and len(back) == 2
+
+    md = format_compare(out, "markdown").splitlines()
+    assert len(md) == 4
+    assert md[0] == "| " + " | ".join(COMPARE_COLUMNS) + " |"
+    assert md[1].count("|") == len(COMPARE_COLUMNS) + 1
+    assert "2.40x" in md[3] and '{"depth":4}' in md[3] and "yes" in md[3]
+
+    table = format_compare(out, "table")
+    assert "tiny-llama" in table and "eagle3" in table and "2.40x" in table and "acc>=4" in table
+
+    with pytest.raises(UserError, match="unknown format 'xml'"):
+        format_compare(out, "xml")
+
+
+def test_markdown_escapes_pipes():
+    out = compare(frame(make_row(drafter_config='{"a":"x|y"}')))
+    assert '{"a":"x\\|y"}' in format_compare(out, "markdown")
+
+
+# --------------------------------------------------------------------------------------------
+# end of a run
+
+
+def test_run_summary():
+    df = speed_data()
+    rows = df[df["drafter"] == "eagle3"]
+    summary = run_summary(rows, df[df["drafter"] == "ar"])
+    assert summary["n_prompts"] == 3 and summary["n_paired"] == 2
+    assert summary["tau_micro"] == pytest.approx(3.0) and summary["tau_macro"] == pytest.approx(3.0)
+    assert summary["acceptance_rate"] == pytest.approx(0.5)
+    assert summary["draft_share"] == pytest.approx(0.75 / 11.5)
+    assert summary["tokens_per_s"] == pytest.approx(18 / 11.5)
+    assert summary["decode_speedup_sum"] == pytest.approx(2.4)
+    assert summary["lossless"] is True
+
+    alone = run_summary(rows.to_dict("records"), None)
+    assert alone["decode_speedup_sum"] is None and alone["lossless"] is None
+    assert alone["n_paired"] == 0 and alone["tau_micro"] == pytest.approx(3.0)
+    assert run_summary([], None)["n_prompts"] == 0
+
+
+def write(path, rows):
+    writer = RunWriter(path, resume=False)
+    for row in rows:
+        writer.add([row])
+    writer.finish()
+
+
+def test_find_baseline(tmp_path):
+    write(tmp_path / "ar.parquet", [ar_row("p0"), ar_row("p1"), ar_row("p1", 2)])
+    write(tmp_path / "eagle.parquet", [make_row("p0"), make_row("p1")])
+    (tmp_path / "broken.parquet").write_bytes(b"junk")
+    row = make_row()
+    meta = {k: row[k] for k in ("target", "task", "temperature", "seed", "device", "dtype", "max_new_tokens")}
+
+    found = find_baseline(tmp_path, {**meta, "keys": {("p0", 1), ("p1", 2)}})
+    assert found is not None
+    assert sorted(zip(found["prompt_id"], found["turn"])) == [("p0", 1), ("p1", 2)]
+    assert set(found["drafter"]) == {"ar"}
+
+    assert find_baseline(tmp_path, {**meta, "keys": {("p0", 1), ("p9", 1)}}) is None  # not covered
+    assert find_baseline(tmp_path, {**meta, "seed": 1, "keys": {("p0", 1)}}) is None
+    assert find_baseline(tmp_path, {**meta, "device": "cuda", "keys": {("p0", 1)}}) is None
+    same_ids = {("p0", 1): [1, 2, 3, 1]}
+    assert find_baseline(tmp_path, {**meta, "keys": same_ids}) is not None
+    assert find_baseline(tmp_path, {**meta, "keys": {("p0", 1): [7, 7]}}) is None
+    assert find_baseline(tmp_path / "nowhere", {**meta, "keys": {("p0", 1)}}) is None
+
+
+def test_from_files_to_compare_and_summary(tmp_path):
+    """Frames read back from parquet (arrow string / list dtypes) behave like in-memory rows."""
+    df = speed_data()
+    write(tmp_path / "ar.parquet", df[df["drafter"] == "ar"].to_dict("records"))
+    write(tmp_path / "eagle.parquet", df[df["drafter"] != "ar"].to_dict("records"))
+    from specbench.results import expand_globs, read_results
+
+    back = read_results(expand_globs([str(tmp_path)]))
+    pd.testing.assert_frame_equal(compare(back), compare(df), check_dtype=False)
+
+    run_rows = [dict(r, temperature=0) for r in df[df["drafter"] != "ar"].to_dict("records")]
+    row = run_rows[0]
+    meta = {k: row[k] for k in ("target", "task", "temperature", "seed", "device", "dtype", "max_new_tokens")}
+    baseline = find_baseline(tmp_path, {**meta, "keys": {("p0", 1), ("p1", 1)}})
+    summary = run_summary(run_rows, baseline)
+    assert summary["n_paired"] == 2 and summary["decode_speedup_sum"] == pytest.approx(2.4)
+    assert summary["lossless"] is True
+
+
+# --------------------------------------------------------------------------------------------
+# properties
+
+steps_strategy = st.lists(st.integers(0, 6), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps_strategy, min_size=1, max_size=6))
+def test_tau_micro_between_row_extremes(step_lists):
+    df = frame(*(make_row(f"p{i}", accepted=acc) for i, acc in enumerate(step_lists)))
+    per_row = df["n_new_tokens"] / df["n_steps"]
+    assert per_row.min() - 1e-12 <= tau_micro(df) <= per_row.max() + 1e-12
+    assert per_row.min() - 1e-12 <= tau_macro(df) <= per_row.max() + 1e-12
+    # with n_new = sum(accepted + 1), tau micro is exactly 1 + mean accepted length
+    assert tau_micro(df) == pytest.approx(1 + np.mean(np.concatenate(step_lists)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps_strategy, min_size=1, max_size=6))
+def test_per_depth_acceptance_non_increasing(step_lists):
+    df = frame(*(make_row(f"p{i}", accepted=acc) for i, acc in enumerate(step_lists)))
+    probs = accept_at_least(df, max_depth=7)
+    assert all(0.0 <= p <= 1.0 for p in probs)
+    assert all(a >= b for a, b in zip(probs, probs[1:]))
+    hist = accepted_histogram(df)
+    assert hist.sum() == sum(len(s) for s in step_lists)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 10.0), st.floats(0.01, 10.0)), min_size=1, max_size=5))
+def test_speedup_sum_is_time_ratio_for_identical_outputs(times):
+    rows = []
+    for i, (t_base, t_draft) in enumerate(times):
+        rows.append(ar_row(f"p{i}", n_new=6, decode_s=t_base))
+        rows.append(make_row(f"p{i}", accepted=[2, 2], decode_s=t_draft))
+    df = frame(*rows)
+    pairs = pair_with_baseline(df[df["drafter"] != "ar"], df[df["drafter"] == "ar"])
+    want = sum(t for t, _ in times) / sum(t for _, t in times)
+    assert speedups(pairs)["decode_speedup_sum"] == pytest.approx(want)
+    assert lossless(pairs) is True
+
+
+def test_module_documents_drafted_for_trees():
+    assert "tree drafter" in report.acceptance_rate.__doc__
