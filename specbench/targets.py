@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specbench.cache import cache_length, commit_path
 from specbench.errors import UserError
-from specbench.tree import DraftTree, ancestor_mask, depths
+from specbench.tree import DraftTree, ancestor_mask, depths, is_chain
 
 TINY_TARGETS = {
     "tiny-llama": "random-init 4-layer Llama (H 64, vocab 384), seeded; built in code, for tests",
@@ -96,16 +96,18 @@ class Target:
         return self._features(out, feature_layers)
 
     @torch.inference_mode()
-    def forward_tree(self, tree: DraftTree, pos: int, feature_layers: tuple[int, ...] = ()) -> TreeOutput:
+    def forward_tree(
+        self, tree: DraftTree, pos: int, feature_layers: tuple[int, ...] = (), force_tree_mask: bool = False
+    ) -> TreeOutput:
         """One target forward over every node of ``tree``; the cache must hold exactly ``pos`` slots."""
         if self.kv_length != pos:
             raise RuntimeError(f"target cache holds {self.kv_length} slots but the tree root is at position {pos}")
         n = tree.size
         device = self.device
-        visible = torch.ones(n, pos + n, dtype=torch.bool, device=device)
-        visible[:, pos:] = ancestor_mask(tree.parents).to(device)
-        mask = torch.zeros(1, 1, n, pos + n, dtype=self.dtype, device=device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        # Fast path: a chain (the AR baseline's root-only tree included) needs only the ordinary
+        # causal mask, which the model builds itself. tree_mask() is the general path; a test
+        # checks both give the same logits.
+        mask = None if is_chain(tree.parents) and not force_tree_mask else self.tree_mask(tree, pos)
         out = self.model(
             input_ids=tree.tokens.to(device)[None],
             position_ids=(pos + depths(tree.parents)).to(device)[None],
@@ -115,6 +117,14 @@ class Target:
             output_hidden_states=bool(feature_layers),
         )
         return TreeOutput(logits=out.logits[0].float(), features=self._features(out, feature_layers))
+
+    def tree_mask(self, tree: DraftTree, pos: int) -> Tensor:
+        """[1, 1, N, pos + N] additive mask: every node sees the prefix, its ancestors and itself."""
+        n = tree.size
+        visible = torch.ones(n, pos + n, dtype=torch.bool, device=self.device)
+        visible[:, pos:] = ancestor_mask(tree.parents).to(self.device)
+        mask = torch.zeros(1, 1, n, pos + n, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
 
     def reset(self) -> None:
         """Start an empty cache (``prefill`` does this too)."""

@@ -89,6 +89,12 @@ def from_paths(root_token: int, paths: list[list[int]]) -> DraftTree:
     return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
 
 
+def is_chain(parents: Tensor) -> bool:
+    """True when node i's parent is i - 1 for every i (the root alone is a chain)."""
+    expected = torch.arange(-1, parents.numel() - 1, device=parents.device)
+    return bool(torch.equal(parents, expected))
+
+
 def depths(parents: Tensor) -> Tensor:
     """[N] depth of every node (root 0). Parents precede children, so one pass suffices."""
     p = parents.tolist()
