@@ -82,7 +82,7 @@ def run(
     runner.validate(spec)  # user errors surface before any progress display or model load
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False,
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True,
     ) as bar:
         job = bar.add_task(f"{drafter} on {target}", total=None, label="loading")
 

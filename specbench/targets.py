@@ -215,15 +215,32 @@ def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: 
         raise UserError(
             f"unknown target '{spec}'; use an alias ({', '.join(all_target_names())}), a local model directory, or a hub id"
         )
+    no_hub = (
+        f"could not load '{spec}' from the Hugging Face hub (no network access, or no such model); "
+        f"download it elsewhere and pass its local directory, or use an alias: {', '.join(ALIASES)}"
+    )
+    if not _hub_reachable():
+        raise UserError(no_hub)
     try:
         return _from_dir(spec, spec, dev, dt)
     except UserError:
         raise
     except Exception:  # noqa: BLE001 - any hub failure becomes one line
-        raise UserError(
-            f"could not load '{spec}' from the Hugging Face hub (no network access, or no such model); "
-            f"download it elsewhere and pass its local directory, or use an alias: {', '.join(ALIASES)}"
-        ) from None
+        raise UserError(no_hub) from None
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick look before transformers' own retries (which take most of a minute offline)."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _from_dir(name: str, path, dev: torch.device, dt: torch.dtype) -> Target:
