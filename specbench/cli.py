@@ -136,6 +136,22 @@ def compare(
 
 
 @app.command()
+def plot(
+    files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
+    out_dir: Path = typer.Option(Path("reports/figures"), "--out-dir", help="where the PNG figures go"),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="plot results from several devices together"),
+) -> List[Path]:
+    """PNG figures per (target, task): per-depth acceptance, accepted lengths, speedup and tau, time per step."""
+    from specbench import plots, results
+
+    df = results.read_results(results.expand_globs(files))
+    written = plots.make_figures(df, out_dir, allow_mixed=allow_mixed)
+    for path in written:
+        typer.echo(str(path))
+    return written
+
+
+@app.command()
 def targets() -> None:
     """List the built-in targets, their size and whether each is cached."""
     from specbench.fetch import ALIASES, alias_dir, is_cached

@@ -16,6 +16,8 @@ Glossary (one row = one (prompt, turn); one step = one verify forward of the tar
   length reaches d.
 * draft share: ``sum(draft_s) / sum(decode_s)``; drafter forwards per step: mean over steps;
   tokens/s: ``sum(n_new_tokens) / sum(decode_s)``.
+* seconds per step of a phase (``draft_s``, ``verify_s``, ``other_s``): ``sum(phase) / sum(n_steps)``,
+  the mean over all steps pooled.
 * speedup: each row is paired with the AR baseline row (drafter ``"ar"``) that has the same
   :data:`PAIR_KEYS` (target, task, prompt, turn, sampling settings, seed, max_new_tokens, device,
   device name, dtype); rows without a partner are left out and ``n_paired`` says how many pairs
@@ -149,9 +151,14 @@ def draft_share(df: pd.DataFrame) -> float:
     return _ratio(df["draft_s"].sum(), df["decode_s"].sum())
 
 
+def seconds_per_step(df: pd.DataFrame, column: str) -> float:
+    """sum(column) / sum(n_steps): seconds per step of one timed phase (draft_s, verify_s, other_s)."""
+    return _ratio(df[column].sum(), df["n_steps"].sum())
+
+
 def draft_s_per_step(df: pd.DataFrame) -> float:
     """sum(draft_s) / sum(n_steps): drafting seconds per step."""
-    return _ratio(df["draft_s"].sum(), df["n_steps"].sum())
+    return seconds_per_step(df, "draft_s")
 
 
 def drafter_forwards_per_step(df: pd.DataFrame) -> float:

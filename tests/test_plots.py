@@ -1,0 +1,259 @@
+"""Figures of result files: the numbers behind them, the PNGs written and the `plot` command."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench import plots, report
+from specbench.cli import app
+from specbench.errors import UserError
+from specbench.results import SCHEMA_VERSION, RunWriter, read_results
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+KINDS = ("acceptance", "accepted_hist", "speedup", "time_breakdown")
+
+
+def result_row(prompt_id: str, drafter: str, accepted: list[int], **overrides) -> dict:
+    """One result row; each step commits accepted + 1 tokens; times are per-row totals."""
+    n_new = sum(a + 1 for a in accepted)
+    row = {
+        "run_id": f"run-{drafter}",
+        "target": "org/tiny model",
+        "drafter": drafter,
+        "drafter_config": "{}",
+        "checkpoint_hash": None,
+        "task": "mt_bench/writing",
+        "category": "writing",
+        "prompt_id": prompt_id,
+        "turn": 0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": 0,
+        "max_new_tokens": 32,
+        "device": "cpu",
+        "dtype": "float32",
+        "prompt_ids": [1, 2, 3],
+        "output_ids": list(range(n_new)),
+        "n_new_tokens": n_new,
+        "n_steps": len(accepted),
+        "accepted_per_step": list(accepted),
+        "tree_size_per_step": [4] * len(accepted),
+        "tree_depth_per_step": [3] * len(accepted),
+        "drafter_forwards_per_step": [3] * len(accepted),
+        "prefill_s": 0.1,
+        "decode_s": 1.0,
+        "draft_s": 0.2,
+        "verify_s": 0.7,
+        "other_s": 0.1,
+        "device_name": "Test CPU",
+        "cpu_model": "Test CPU",
+        "threads": 4,
+        "torch_version": "2.13.0",
+        "transformers_version": "5.24.0",
+        "python_version": "3.11.7",
+        "specbench_sha": "abc1234",
+        "schema_version": SCHEMA_VERSION,
+    }
+    row.update(overrides)
+    return row
+
+
+def ar_row(prompt_id: str, n_new: int, **overrides) -> dict:
+    """An AR baseline row: one token per step, nothing drafted."""
+    row = result_row(prompt_id, "ar", [0] * n_new, tree_size_per_step=[1] * n_new,
+                     tree_depth_per_step=[0] * n_new, drafter_forwards_per_step=[0] * n_new,
+                     draft_s=0.0, verify_s=1.8, other_s=0.2, decode_s=2.0)
+    row.update(overrides)
+    return row
+
+
+def sample_rows() -> list[dict]:
+    """AR on p0, p1; ngram with two configs; eagle3 without a baseline partner (other seed)."""
+    ngram3 = json.dumps({"max_n": 3, "num_draft": 3}, sort_keys=True)
+    ngram5 = json.dumps({"max_n": 3, "num_draft": 5}, sort_keys=True)
+    return [
+        # ngram num_draft=3: steps accepted [3, 1, 0] and [2, 0] -> 5 steps, 11 tokens
+        result_row("p0", "ngram", [3, 1, 0], drafter_config=ngram3, decode_s=1.0),
+        result_row("p1", "ngram", [2, 0], drafter_config=ngram3, decode_s=0.5),
+        # the same (prompt, turn) run twice: counts once (the first row read)
+        result_row("p1", "ngram", [3, 3], drafter_config=ngram3, decode_s=0.1),
+        result_row("p0", "ngram", [5, 0, 0], drafter_config=ngram5, tree_depth_per_step=[5] * 3),
+        result_row("p0", "eagle3", [1], seed=7),
+        ar_row("p0", 7),
+        ar_row("p1", 4),
+    ]
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def write_results(rows: list[dict], path) -> None:
+    writer = RunWriter(path, resume=False)
+    writer.add(rows)
+    writer.finish()
+
+
+def check_png(path) -> None:
+    data = path.read_bytes()
+    assert len(data) > 1000 and data[:8] == PNG_SIGNATURE
+    image = mpimg.imread(path)
+    assert image.ndim == 3 and image.shape[2] in (3, 4)
+    assert 400 <= image.shape[0] <= 3000 and 600 <= image.shape[1] <= 3000
+
+
+# --------------------------------------------------------------------------------------------
+# the numbers
+
+
+def test_series_labels_name_the_differing_options_and_settings():
+    series = plots.series_of(frame(sample_rows()))
+    labels = [s.label for s in series]
+    assert labels == [
+        "ar (seed=0)",
+        "eagle3 (seed=7)",
+        "ngram (num_draft=3, seed=0)",
+        "ngram (num_draft=5, seed=0)",
+    ]
+    assert series[0].is_baseline and not series[1].is_baseline
+    # duplicates of a (prompt, turn) are dropped, as in report.compare
+    assert len(series[2].rows) == 2
+    assert len({s.color for s in series}) == 4
+
+
+def test_single_config_label_is_the_drafter_name():
+    rows = [r for r in sample_rows() if r["drafter"] in ("ar", "eagle3")]
+    rows = [dict(r, seed=0) for r in rows]
+    assert [s.label for s in plots.series_of(frame(rows))] == ["ar", "eagle3"]
+
+
+def test_acceptance_curves_are_per_depth_shares_of_steps():
+    rows = [r for r in sample_rows() if r["drafter"] in ("ar", "ngram")]
+    depths, curves = plots.acceptance_curves(plots.series_of(frame(rows)))
+    assert depths == [1, 2, 3, 4, 5]  # the deepest draft: tree depth 5 of num_draft=5
+    # num_draft=3, steps accepted 3, 1, 0, 2, 0
+    assert curves["ngram (num_draft=3)"] == pytest.approx([3 / 5, 2 / 5, 1 / 5, 0.0, 0.0])
+    assert curves["ngram (num_draft=5)"] == pytest.approx([1 / 3] * 5)
+    assert "ar" not in curves  # the baseline drafts nothing
+    # the same numbers as report's definition
+    series = {s.label: s for s in plots.series_of(frame(rows))}
+    assert curves["ngram (num_draft=3)"][:4] == report.accept_at_least(series["ngram (num_draft=3)"].rows)
+
+
+def test_accepted_fractions_sum_to_one():
+    rows = [r for r in sample_rows() if r["drafter"] in ("ar", "ngram")]
+    fractions = plots.accepted_fractions(plots.series_of(frame(rows)))
+    assert list(fractions.index) == [0, 1, 2, 3, 4, 5]
+    assert fractions["ngram (num_draft=3)"].tolist() == pytest.approx([0.4, 0.2, 0.2, 0.2, 0, 0])
+    assert fractions["ngram (num_draft=5)"].tolist() == pytest.approx([2 / 3, 0, 0, 0, 0, 1 / 3])
+
+
+def test_speedup_bars_leave_out_unpaired_drafters():
+    bars, omitted = plots.speedup_bars(plots.series_of(frame(sample_rows())))
+    assert omitted == ["eagle3 (seed=7)"]
+    row = bars.set_index("label").loc["ngram (num_draft=3, seed=0)"]
+    # drafter: 11 tokens in 1.5 s; baseline: 11 tokens in 4.0 s
+    assert row["decode_speedup_sum"] == pytest.approx(4.0 / 1.5)
+    assert row["tau"] == pytest.approx(11 / 5)
+    assert row["n_paired"] == 2
+
+
+def test_time_breakdown_is_seconds_per_step():
+    table = plots.time_breakdown(plots.series_of(frame(sample_rows())))
+    ar = table.loc["ar (seed=0)"]
+    assert ar.tolist() == pytest.approx([0.0, 3.6 / 11, 0.4 / 11])
+    ngram = table.loc["ngram (num_draft=3, seed=0)"]
+    assert ngram.tolist() == pytest.approx([0.4 / 5, 1.4 / 5, 0.2 / 5])
+
+
+def test_sanitize():
+    assert plots.sanitize("org/tiny model") == "org_tiny_model"
+    assert plots.sanitize("file:my prompts") == "file_my_prompts"
+    assert plots.sanitize("../..") == "unnamed"
+
+
+# --------------------------------------------------------------------------------------------
+# the figures
+
+
+def test_make_figures_writes_valid_pngs(tmp_path):
+    rows = sample_rows() + [
+        result_row("q0", "ngram", [1, 1], task="gsm8k"),
+        ar_row("q0", 4, task="gsm8k"),
+    ]
+    paths = plots.make_figures(frame(rows), tmp_path / "figs")
+    names = sorted(p.name for p in paths)
+    assert names == sorted(
+        f"{kind}_{stem}.png"
+        for kind in KINDS
+        for stem in ("org_tiny_model_gsm8k", "org_tiny_model_mt_bench_writing")
+    )
+    for path in paths:
+        check_png(path)
+
+
+def test_figures_without_drafters_or_baseline_still_render(tmp_path):
+    only_ar = plots.make_figures(frame([ar_row("p0", 3)]), tmp_path / "ar")
+    no_base = plots.make_figures(frame([result_row("p0", "ngram", [0, 2])]), tmp_path / "nb")
+    for path in only_ar + no_base:
+        check_png(path)
+
+
+def test_mixed_devices_are_refused_unless_allowed(tmp_path):
+    rows = sample_rows() + [dict(r, device="cuda", device_name="H200") for r in sample_rows()]
+    with pytest.raises(UserError, match="mix devices"):
+        plots.make_figures(frame(rows), tmp_path)
+    paths = plots.make_figures(frame(rows), tmp_path, allow_mixed=True)
+    assert len(paths) == 4
+    labels = [s.label for s in plots.series_of(frame(rows))]
+    assert "ngram (num_draft=3, seed=0, device=cuda, hw=H200)" in labels
+
+
+def test_no_rows_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no rows"):
+        plots.make_figures(read_results([]), tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+
+
+def test_plot_command(tmp_path):
+    rows = sample_rows()
+    write_results([r for r in rows if r["drafter"] != "ar"][:1], tmp_path / "a.parquet")
+    write_results([r for r in rows if r["drafter"] == "ar"], tmp_path / "b.parquet")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "*.parquet"), "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    printed = result.output.split()
+    assert len(printed) == 4
+    for name in printed:
+        assert name.startswith(str(out))
+    for path in out.iterdir():
+        check_png(path)
+
+
+def test_plot_command_errors_are_one_line(tmp_path):
+    runner = CliRunner()
+    missing = runner.invoke(app, ["plot", str(tmp_path / "nothing-*.parquet")])
+    assert missing.exit_code == 2 and "no results file matches" in missing.output
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    corrupt = runner.invoke(app, ["plot", str(bad), "--out-dir", str(tmp_path / "o")])
+    assert corrupt.exit_code == 2 and "not a readable parquet file" in corrupt.output
+    assert len(corrupt.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_nan_metrics_do_not_break_a_figure(tmp_path):
+    empty_steps = result_row("p0", "ngram", [], n_new_tokens=0, decode_s=0.0)
+    paths = plots.make_figures(frame([empty_steps, ar_row("p0", 3)]), tmp_path)
+    assert len(paths) == 4
+    for path in paths:
+        check_png(path)
