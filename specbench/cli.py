@@ -16,8 +16,12 @@ from specbench.errors import UserError
 out_console = Console()
 err_console = Console(stderr=True)
 
+_INTERRUPTED = "interrupted; rows finished so far are kept — rerun with --resume --out FILE to continue"
+
+
 class _Group(typer.core.TyperGroup):
-    """Turns a UserError from any command into one red line on stderr and exit status 2."""
+    """Turns a UserError from any command into one red line on stderr and exit status 2; Ctrl-C into
+    the --resume hint and exit status 130."""
 
     def invoke(self, ctx):
         try:
@@ -25,6 +29,9 @@ class _Group(typer.core.TyperGroup):
         except UserError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:  # typer turns it into a silent exit 130 before main() sees it
+            err_console.print(_INTERRUPTED, highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
 
 
 app = typer.Typer(
@@ -207,7 +214,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        err_console.print("interrupted; rows finished so far are kept — rerun with --resume --out FILE to continue")
+        err_console.print(_INTERRUPTED)
         sys.exit(130)
 
 

@@ -78,7 +78,8 @@ ROW_SCHEMA = pa.schema(_ROW_SCHEMA)
 
 # The run settings a resumed run must share with the rows already on disk.
 RESUME_KEYS = (
-    "target", "drafter", "drafter_config", "task", "temperature", "seed", "max_new_tokens",
+    "target", "drafter", "drafter_config", "task", "temperature", "top_p", "top_k", "seed",
+    "max_new_tokens", "device", "dtype",
 )
 
 
@@ -330,7 +331,7 @@ class RunWriter:
                 have = _canonical(row.get(key))
                 same = (
                     float(have) == float(want)
-                    if key == "temperature" and have is not None and want is not None
+                    if key in ("temperature", "top_p") and have is not None and want is not None
                     else have == want
                 )
                 if not same:

@@ -191,9 +191,14 @@ def validate(spec: RunSpec) -> list[Prompt]:
     """Every check that needs no model: numbers, prompts, drafter name and --set keys. Cheap."""
     check_numbers(spec)
     prompts = load_prompts(spec)
-    parse_config(drafter_class(spec.drafter).Config, list(spec.options))
+    cls = drafter_class(spec.drafter)
+    parse_config(cls.Config, list(spec.options))
+    if spec.drafter_path is not None and "path" not in getattr(cls.Config, "__dataclass_fields__", {}):
+        raise UserError(f"drafter '{spec.drafter}' loads no checkpoint; drop --drafter-path")
     if spec.resume and spec.out is None:
         raise UserError("--resume needs --out FILE.parquet of the interrupted run")
+    if spec.out is not None and Path(spec.out).suffix != ".parquet":
+        raise UserError(f"--out must end in .parquet, got '{spec.out}'")
     return prompts
 
 
@@ -226,6 +231,7 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
             base_out = out.with_name(out.stem + ".ar-baseline.parquet")
             base_writer = results.RunWriter(base_out, resume=spec.resume)
             base_session = _Session(spec, target, base_drafter, BASELINE, base_config, base_out.stem, env)
+            base_writer.check_compatible(base_session.meta)  # its partial rows may be all there is
             outcome.baseline_out = base_out
             outcome.baseline_source = "ran"
 

@@ -1,0 +1,405 @@
+"""The `specbench` command end to end, through typer's CliRunner, on the tiny random-init target.
+
+Every run goes to tmp_path (``--results-dir`` and ``--out``) on ``--target tiny-llama`` (built in
+code, never downloaded), with a couple of prompts, few new tokens and ``--no-warmup``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specbench import cli
+from specbench.report import COMPARE_COLUMNS
+from specbench.targets import tiny_tokenizer
+
+TARGET = "tiny-llama"
+MAX_NEW = 16
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli.app, [str(a) for a in args])
+
+
+def run_args(results_dir: Path, *extra: str) -> list[str]:
+    return ["run", "--target", TARGET, "--no-warmup", "--results-dir", str(results_dir), *extra]
+
+
+def assert_user_error(result, *words: str) -> str:
+    """Exit status 2, one `error:` line naming the problem, no traceback, nothing on stdout."""
+    assert isinstance(result.exception, (SystemExit, type(None))), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, result.stderr
+    line = errors[0]
+    assert line.startswith("error: "), line
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    assert result.stdout == ""
+    return line
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    """Relative path -> content of every file below ``folder`` (empty when it does not exist)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _wide_console_one_thread():
+    """A wide stdout console so the end-of-run table is not truncated; one torch thread (2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli.out_console, "_width", 220)
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def mt_run(tmp_path_factory, _wide_console_one_thread):
+    """ngram on 2 two-turn MT-Bench prompts, with its AR baseline run alongside."""
+    root = tmp_path_factory.mktemp("mt")
+    res = root / "res"
+    out = res / "first.parquet"
+    result = invoke(*run_args(res, "--drafter", "ngram", "--task", "mt-bench", "--limit", "2",
+                              "--max-new-tokens", str(MAX_NEW), "--out", str(out)))
+    assert result.exit_code == 0, result.output
+    return {"root": root, "res": res, "out": out, "base": res / "first.ar-baseline.parquet", "result": result}
+
+
+def _lossless_cell(stdout: str) -> str:
+    rows = [line for line in stdout.splitlines() if line.startswith("│")]
+    assert rows, stdout
+    cells = [c.strip() for c in rows[-1].split("│") if c.strip()]
+    return cells[-1]
+
+
+# ------------------------------------------------------------------------------------------ run
+
+
+def test_run_writes_drafter_and_baseline_files(mt_run):
+    out, base = mt_run["out"], mt_run["base"]
+    assert out.is_file() and base.is_file()
+    assert sorted(p.name for p in mt_run["res"].glob("first*")) == ["first.ar-baseline.parquet", "first.parquet"]
+    assert not list(mt_run["res"].glob("*.partial.jsonl")) and not list(mt_run["res"].glob(".*"))
+    for path, drafter in ((out, "ngram"), (base, "ar")):
+        schema = pq.read_schema(path)
+        for column in ("prompt_ids", "output_ids", "accepted_per_step"):
+            assert schema.field(column).type == pa.list_(pa.int64())
+        df = pd.read_parquet(path)
+        assert len(df) == 4  # 2 prompts x 2 turns
+        assert not df.duplicated(["prompt_id", "turn"]).any()
+        assert sorted(df["turn"].unique().tolist()) == [0, 1]
+        assert (df.groupby("prompt_id")["turn"].count() == 2).all()
+        assert set(df["drafter"]) == {drafter}
+        assert set(df["target"]) == {TARGET} and set(df["task"]) == {"mt-bench"}
+        for row in df.itertuples():
+            assert np.asarray(row.prompt_ids).dtype.kind == "i" and np.asarray(row.output_ids).dtype.kind == "i"
+            prompt_ids, output_ids = [int(t) for t in row.prompt_ids], [int(t) for t in row.output_ids]
+            assert prompt_ids and all(0 <= t < 384 for t in prompt_ids + output_ids)
+            assert row.n_new_tokens == len(output_ids)
+            assert 1 <= row.n_new_tokens <= MAX_NEW
+            accepted = list(row.accepted_per_step)
+            assert row.n_steps == len(accepted) >= 1
+            assert sum(a + 1 for a in accepted) >= row.n_new_tokens
+            if drafter == "ar":
+                assert accepted == [0] * row.n_steps
+
+
+def test_run_second_turn_sees_first_answer(mt_run):
+    tok = tiny_tokenizer()
+    df = pd.read_parquet(mt_run["out"])
+    answers = []
+    for _, rows in df.groupby("prompt_id"):
+        first = rows[rows["turn"] == 0].iloc[0]
+        second = rows[rows["turn"] == 1].iloc[0]
+        ids0, ids1 = list(first["prompt_ids"]), list(second["prompt_ids"])
+        # ChatML re-renders the whole history: turn 0's prompt is an exact prefix of turn 1's
+        assert len(ids1) > len(ids0)
+        assert ids1[: len(ids0)] == ids0
+        answer = tok.decode(list(first["output_ids"]), skip_special_tokens=True)
+        history = tok.decode(ids1[len(ids0):], skip_special_tokens=False)
+        assert history.startswith(answer), (answer, history)
+        assert "<|im_start|>user\n" in history
+        answers.append(answer)
+    assert any(answers)  # some decoded text really was carried into turn 2
+
+
+def test_run_greedy_drafter_is_lossless(mt_run):
+    df = pd.read_parquet(mt_run["out"])
+    base = pd.read_parquet(mt_run["base"])
+    merged = df.merge(base, on=["prompt_id", "turn"], suffixes=("", "_base"))
+    assert len(merged) == len(df) == len(base)
+    for row in merged.itertuples():
+        assert list(row.prompt_ids) == list(row.prompt_ids_base)
+        assert list(row.output_ids) == list(row.output_ids_base)
+    stdout = mt_run["result"].stdout
+    assert "lossless" in stdout
+    assert _lossless_cell(stdout) == "yes"
+    assert f"results: {mt_run['out']}" in stdout.replace("\n", "")
+    assert "AR baseline:" in stdout and "first.ar-baseline.parquet" in stdout
+
+
+def test_run_reuses_baseline_from_results_folder(mt_run):
+    res = mt_run["res"]
+    before = files_under(res)
+    out = res / "second.parquet"
+    result = invoke(*run_args(res, "--drafter", "ngram", "--task", "mt-bench", "--limit", "2",
+                              "--max-new-tokens", str(MAX_NEW), "--out", str(out)))
+    assert result.exit_code == 0, result.output
+    assert "reused" in result.stdout
+    assert "first.ar-baseline" in result.stdout
+    assert _lossless_cell(result.stdout) == "yes"
+    assert out.is_file()
+    assert not (res / "second.ar-baseline.parquet").exists()
+    after = files_under(res)
+    assert set(after) == set(before) | {"second.parquet"}
+    assert all(after[name] == data for name, data in before.items())  # nothing else touched
+    first, second = pd.read_parquet(mt_run["out"]), pd.read_parquet(out)
+    key = ["prompt_id", "turn"]
+    first, second = first.sort_values(key).reset_index(drop=True), second.sort_values(key).reset_index(drop=True)
+    assert [list(x) for x in first["output_ids"]] == [list(x) for x in second["output_ids"]]
+
+
+def test_run_self_drafting_accepts_and_stays_lossless(mt_run, tmp_path):
+    """draft-model drafting with the target itself: drafts get accepted, outputs still match AR."""
+    res = tmp_path / "res"
+    res.mkdir()
+    shutil.copy(mt_run["base"], res / "first.ar-baseline.parquet")  # --limit 1 picks a subset of it
+    out = res / "self.parquet"
+    result = invoke(*run_args(res, "--drafter", "draft-model", "--set", f"model={TARGET}", "--set", "num_draft=3",
+                              "--task", "mt-bench", "--limit", "1", "--max-new-tokens", str(MAX_NEW),
+                              "--out", str(out)))
+    assert result.exit_code == 0, result.output
+    assert "reused" in result.stdout
+    assert _lossless_cell(result.stdout) == "yes"
+    df = pd.read_parquet(out)
+    base = pd.read_parquet(mt_run["base"]).merge(df[["prompt_id", "turn"]], on=["prompt_id", "turn"])
+    assert len(df) == len(base) == 2
+    df, base = df.sort_values("turn"), base.sort_values("turn")
+    for row, brow in zip(df.itertuples(), base.itertuples()):
+        assert list(row.output_ids) == list(brow.output_ids)
+        accepted = [int(a) for a in row.accepted_per_step]
+        assert row.n_steps == len(accepted) < row.n_new_tokens == len(row.output_ids)
+        assert max(accepted) == 3 and all(0 <= a <= 3 for a in accepted)
+        assert sum(a + 1 for a in accepted) >= row.n_new_tokens
+
+
+def test_run_no_baseline(tmp_path):
+    task = tmp_path / "one.jsonl"
+    task.write_text('{"id": "q", "prompt": "Count: 1 2 3 4"}\n')
+    res = tmp_path / "res"
+    out = res / "solo.parquet"
+    result = invoke(*run_args(res, "--task-file", str(task), "--max-new-tokens", "4", "--no-baseline",
+                              "--out", str(out)))
+    assert result.exit_code == 0, result.output
+    assert "AR baseline" not in result.output
+    assert sorted(files_under(res)) == ["solo.parquet"]
+    df = pd.read_parquet(out)
+    assert df["prompt_id"].tolist() == ["q"] and df["task"].tolist() == ["file:one"]
+    assert _lossless_cell(result.stdout) == "-"  # nothing to compare against
+
+
+def test_run_refuses_existing_out_and_leaves_it_alone(mt_run):
+    out = mt_run["out"]
+    before = files_under(mt_run["res"])
+    result = invoke(*run_args(mt_run["res"], "--drafter", "ngram", "--task", "mt-bench", "--limit", "2",
+                              "--max-new-tokens", str(MAX_NEW), "--out", str(out)))
+    assert_user_error(result, str(out), "exists", "--resume")
+    assert files_under(mt_run["res"]) == before
+
+
+# -------------------------------------------------------------------------------------- compare
+
+
+def test_compare_json(mt_run):
+    result = invoke("compare", str(mt_run["out"]), str(mt_run["base"]), "--format", "json")
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert isinstance(records, list) and len(records) == 2
+    for rec in records:
+        assert isinstance(rec, dict)
+        assert list(rec) == COMPARE_COLUMNS
+        assert set(rec) == {
+            "target", "task", "drafter", "config", "n_prompts", "tau", "accept_d1", "accept_d2",
+            "accept_d3", "accept_d4", "draft_share", "decode_speedup_sum", "decode_speedup_mean",
+            "e2e_speedup_sum", "e2e_speedup_mean", "lossless",
+        }
+        assert rec["target"] == TARGET and rec["task"] == "mt-bench" and rec["n_prompts"] == 2
+    by = {rec["drafter"]: rec for rec in records}
+    assert set(by) == {"ar", "ngram"}
+    assert by["ar"]["tau"] == 1.0
+    assert by["ar"]["accept_d1"] == 0.0
+    assert by["ar"]["lossless"] is True  # the baseline pairs with itself
+    assert by["ngram"]["tau"] >= 1.0
+    assert by["ngram"]["lossless"] is True
+    for key in ("decode_speedup_sum", "decode_speedup_mean", "e2e_speedup_sum", "e2e_speedup_mean"):
+        assert by["ngram"][key] > 0
+    assert json.loads(by["ngram"]["config"])["num_draft"] == 7
+
+
+def test_compare_glob_csv_markdown_table(mt_run):
+    pattern = str(mt_run["res"] / "first*.parquet")
+    result = invoke("compare", pattern, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(io.StringIO(result.stdout))
+    assert list(df.columns) == COMPARE_COLUMNS
+    assert sorted(df["drafter"]) == ["ar", "ngram"]
+    assert df.loc[df["drafter"] == "ar", "tau"].item() == 1.0
+
+    result = invoke("compare", pattern, "--format", "markdown")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 4  # header, rule, 2 rows
+    assert all(line.startswith("|") and line.endswith("|") for line in lines)
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == COMPARE_COLUMNS
+    assert set(lines[1].strip("|").split("|")) <= {"---:", ":---"}
+    assert len(lines[1].strip("|").split("|")) == len(COMPARE_COLUMNS)
+    assert "ngram" in result.stdout and "yes" in result.stdout
+
+    result = invoke("compare", str(mt_run["res"]))  # a folder means its *.parquet; table format
+    assert result.exit_code == 0, result.output
+    assert "ngram" in result.stdout and "ar" in result.stdout
+
+
+def test_compare_glob_matching_nothing(tmp_path):
+    result = invoke("compare", str(tmp_path / "*.parquet"))
+    assert_user_error(result, "no results file matches", "*.parquet")
+
+
+def test_compare_unknown_format(mt_run):
+    assert_user_error(invoke("compare", str(mt_run["out"]), "--format", "xml"), "xml", "json", "markdown")
+
+
+def test_compare_corrupt_parquet(tmp_path):
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(b"PAR1 this is not really parquet")
+    assert_user_error(invoke("compare", str(bad)), "corrupt.parquet", "not a readable parquet")
+    assert bad.read_bytes() == b"PAR1 this is not really parquet"
+
+
+def test_compare_foreign_parquet(tmp_path):
+    foreign = tmp_path / "foreign.parquet"
+    pd.DataFrame({"x": [1, 2], "y": ["a", "b"]}).to_parquet(foreign)
+    before = foreign.read_bytes()
+    assert_user_error(invoke("compare", str(foreign)), "foreign.parquet", "not a specbench results file")
+    assert foreign.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+
+def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
+    plain = tmp / "plain.txt"
+    plain.write_text("a regular file, not a folder")
+    bad_json = tmp / "bad.jsonl"
+    bad_json.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": oops}\n')
+    long = tmp / "long.jsonl"
+    long.write_text(json.dumps({"id": "huge", "prompt": "a" * 5000}) + "\n")
+    (tmp / "dir.parquet").mkdir()
+    ok = ["--task", "mt-bench", "--limit", "2", "--max-new-tokens", "4"]
+    return {
+        "drafter": (["--drafter", "no-such-drafter", *ok], ("unknown drafter", "no-such-drafter", "ngram", "draft-model")),
+        "task": (["--task", "no-such-task"], ("unknown task", "no-such-task", "mt-bench", "humaneval")),
+        "category": (["--task", "mt-bench", "--category", "cooking"], ("unknown category", "cooking", "writing", "coding")),
+        "target": (["--target", "no-such-model", *ok], ("unknown target", "no-such-model", "tiny-llama")),
+        "set-key": (["--set", "bogus=1", *ok], ("bogus", "num_draft", "max_n")),
+        "set-value": (["--set", "num_draft=abc", *ok], ("num_draft=abc", "integer")),
+        "set-invalid": (["--set", "num_draft=0", *ok], ("num_draft",)),
+        "max-new-tokens": ([*ok, "--max-new-tokens", "0"], ("--max-new-tokens", "0")),
+        "temperature": (["--temperature", "-1", *ok], ("--temperature", "-1")),
+        "top-p": (["--top-p", "1.5", *ok], ("--top-p", "1.5")),
+        "limit": (["--task", "mt-bench", "--limit", "-3"], ("--limit", "-3")),
+        "top-k": (["--top-k", "-1", *ok], ("--top-k", "-1")),
+        "device": ([*ok, "--device", "abacus"], ("--device", "abacus", "cpu")),
+        "dtype": ([*ok, "--dtype", "int3"], ("--dtype", "int3", "float32")),
+        "task-file-missing": (["--task-file", str(tmp / "nope.jsonl")], ("task file not found", "nope.jsonl")),
+        "task-file-json": (["--task-file", str(bad_json)], ("bad.jsonl", "line 2", "not valid JSON")),
+        "too-long": (["--task-file", str(long), "--max-new-tokens", "4"], ("huge", "4096", "context")),
+        "unwritable": ([*ok, "--out", str(plain / "run.parquet")], ("cannot write", "plain.txt")),
+        "out-folder": ([*ok, "--out", str(tmp / "dir.parquet")], ("dir.parquet", "is a folder")),
+        "out-suffix": ([*ok, "--out", str(tmp / "res" / "run.csv")], (".parquet", "run.csv")),
+        "drafter-path": ([*ok, "--drafter-path", str(tmp)], ("ngram", "loads no checkpoint", "--drafter-path")),
+        "resume-no-out": ([*ok, "--resume"], ("--resume", "--out")),
+    }
+
+
+BAD_IDS = [
+    "drafter", "task", "category", "target", "set-key", "set-value", "set-invalid", "max-new-tokens",
+    "temperature", "top-p", "limit", "top-k", "device", "dtype", "out-folder", "task-file-missing",
+    "task-file-json", "too-long", "unwritable", "out-suffix", "drafter-path", "resume-no-out",
+]
+
+
+@pytest.fixture(scope="module")
+def sentinel(mt_run) -> bytes:
+    """A real results file, copied into every bad-input results folder."""
+    return mt_run["out"].read_bytes()
+
+
+@pytest.mark.parametrize("case", BAD_IDS)
+def test_run_bad_input(case, tmp_path, sentinel):
+    cases = _bad_cases(tmp_path)
+    assert set(cases) == set(BAD_IDS)
+    args, words = cases[case]
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "existing.parquet").write_bytes(sentinel)
+    before = files_under(tmp_path)
+    result = invoke(*run_args(res, *args))
+    assert_user_error(result, *words)
+    # no results file created, the existing one byte-identical (an empty folder may appear)
+    assert files_under(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------- listings
+
+
+def test_list_drafters():
+    result = invoke("drafters")
+    assert result.exit_code == 0, result.output
+    for name in ("ar", "ngram", "draft-model", "num_draft"):
+        assert name in result.stdout
+    assert "failed to load" not in result.stdout
+
+
+def test_list_tasks():
+    result = invoke("tasks")
+    assert result.exit_code == 0, result.output
+    for name in ("humaneval", "mbpp", "math500", "gsm8k", "mt-bench", "spec-bench", "alpaca", "1319", "writing"):
+        assert name in result.stdout
+
+
+def test_list_targets():
+    result = invoke("targets")
+    assert result.exit_code == 0, result.output
+    for name in ("smollm2-135m", "tiny-llama", "tiny-qwen3", "(default)"):
+        assert name in result.stdout
+
+
+def test_run_help():
+    result = invoke("run", "--help")
+    assert result.exit_code == 0, result.output
+    for name in ("--drafter", "--task-file", "--target", "--max-new-tokens", "--set", "--resume", "--out",
+                 "--results-dir", "--no-baseline", "--no-warmup"):
+        assert name in result.stdout, name
+
+
+def test_no_args_shows_commands():
+    result = invoke()
+    for name in ("run", "compare", "drafters", "tasks", "targets"):
+        assert name in result.output
