@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from specbench import plots, report
 from specbench.cli import app
 from specbench.errors import UserError
+from rowfactory import synthetic_row
 from specbench.results import SCHEMA_VERSION, RunWriter, read_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -21,47 +22,14 @@ KINDS = ("acceptance", "accepted_hist", "speedup", "time_breakdown")
 def result_row(prompt_id: str, drafter: str, accepted: list[int], **overrides) -> dict:
     """One result row; each step commits accepted + 1 tokens; times are per-row totals."""
     n_new = sum(a + 1 for a in accepted)
-    row = {
-        "run_id": f"run-{drafter}",
-        "target": "org/tiny model",
-        "drafter": drafter,
-        "drafter_config": "{}",
-        "checkpoint_hash": None,
-        "task": "mt_bench/writing",
-        "category": "writing",
-        "prompt_id": prompt_id,
-        "turn": 0,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "seed": 0,
-        "max_new_tokens": 32,
-        "device": "cpu",
-        "dtype": "float32",
-        "prompt_ids": [1, 2, 3],
-        "output_ids": list(range(n_new)),
-        "n_new_tokens": n_new,
-        "n_steps": len(accepted),
-        "accepted_per_step": list(accepted),
-        "tree_size_per_step": [4] * len(accepted),
-        "tree_depth_per_step": [3] * len(accepted),
-        "drafter_forwards_per_step": [3] * len(accepted),
-        "prefill_s": 0.1,
-        "decode_s": 1.0,
-        "draft_s": 0.2,
-        "verify_s": 0.7,
-        "other_s": 0.1,
-        "device_name": "Test CPU",
-        "cpu_model": "Test CPU",
-        "threads": 4,
-        "torch_version": "2.13.0",
-        "transformers_version": "5.24.0",
-        "python_version": "3.11.7",
-        "specbench_sha": "abc1234",
-        "schema_version": SCHEMA_VERSION,
+    defaults = {
+        "run_id": f"run-{drafter}", "target": "org/tiny model", "drafter": drafter, "drafter_config": "{}",
+        "task": "mt_bench/writing", "max_new_tokens": 32, "prompt_ids": [1, 2, 3],
+        "output_ids": list(range(n_new)), "tree_size_per_step": [4] * len(accepted),
+        "tree_depth_per_step": [3] * len(accepted), "drafter_forwards_per_step": [3] * len(accepted),
+        "prefill_s": 0.1, "decode_s": 1.0, "draft_s": 0.2, "verify_s": 0.7, "other_s": 0.1,
     }
-    row.update(overrides)
-    return row
+    return synthetic_row(prompt_id, overrides.pop("turn", 0), accepted, **{**defaults, **overrides})
 
 
 def ar_row(prompt_id: str, n_new: int, **overrides) -> dict:
