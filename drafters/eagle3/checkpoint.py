@@ -1,0 +1,140 @@
+"""EAGLE-3 checkpoints in the released layout (SafeAILab/EAGLE ``yuhuili/EAGLE3-*``, SpecForge).
+
+A checkpoint directory holds:
+
+* ``config.json``: a Llama config with ``num_hidden_layers: 1``, ``draft_vocab_size``, optional
+  ``target_hidden_size``, ``architectures: ["LlamaForCausalLMEagle3"]``. Taps are read from
+  SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (layer-output ids, +1 for the HF
+  index) or vLLM's top-level ``eagle_aux_hidden_state_layer_ids`` (HF index as is); absent, the
+  default (2, N//2, N-3) applies. specbench also writes ``specbench.target_num_hidden_layers``.
+* ``model.safetensors`` (or upstream's ``pytorch_model.bin``): the keys listed in model.py,
+  ``d2t`` and ``t2d`` included. An ``embed_tokens.weight`` some releases carry is ignored: the
+  head always uses the target's own embedding.
+
+Loading refuses (one-line :class:`~specbench.errors.UserError`) a checkpoint made for another
+target (vocab size, hidden size, layer count when recorded) and one without d2t/t2d: those maps
+are never regenerated, since a wrong map silently collapses acceptance. (When the draft vocab is
+the whole target vocab, upstream ignores the maps and so do we: the map is the identity.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
+from specbench.errors import UserError
+
+WEIGHTS_NAME = "model.safetensors"
+LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
+# keys a released checkpoint may carry that the head does not own
+IGNORED_KEYS = ("embed_tokens.weight",)
+
+
+def save_eagle3(head: Eagle3Head, path: str | Path) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` for ``head`` into directory ``path``."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_config_dict()
+    config["torch_dtype"] = str(head.fc.weight.dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    return out
+
+
+def load_eagle3(path: str | Path, target) -> Eagle3Head:
+    """Load the head in ``path`` for ``target``, on the target's device and dtype."""
+    src = Path(path).expanduser()
+    where = f"EAGLE-3 checkpoint '{src}'"
+    if not src.is_dir():
+        raise UserError(f"{where} is not a directory; pass the folder holding config.json and model.safetensors")
+    if not (src / "config.json").exists():
+        raise UserError(f"{where} has no config.json")
+    try:
+        raw = json.loads((src / "config.json").read_text())
+        cfg = Eagle3HeadConfig.from_config_dict(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: config.json is not valid JSON ({exc})") from None
+    except KeyError as exc:
+        raise UserError(f"{where}: config.json lacks '{exc.args[0]}'") from None
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{where}: invalid config.json ({exc})") from None
+
+    # 1. made for this target?
+    made_for = f"{where} was made for a different target:"
+    if cfg.vocab_size != target.vocab_size:
+        raise UserError(f"{made_for} vocab_size {cfg.vocab_size}, but target '{target.name}' has {target.vocab_size}")
+    if cfg.feature_size != target.hidden_size:
+        raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
+    embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
+    if cfg.hidden_size != embed_dim:
+        raise UserError(f"{where} has hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
+    if cfg.target_num_layers is not None and int(cfg.target_num_layers) != target.num_layers:
+        raise UserError(f"{made_for} {cfg.target_num_layers} layers, but target '{target.name}' has {target.num_layers}")
+    layers = cfg.feature_layers or default_feature_layers(target.num_layers)
+    if len(layers) != 3 or not all(0 <= i <= target.num_layers for i in layers):
+        raise UserError(f"{where} taps hidden states {list(layers)}, which target '{target.name}' ({target.num_layers} layers) does not have")
+
+    # 2. the weights, d2t and t2d included
+    state = _read_weights(src, where)
+    for key in IGNORED_KEYS:
+        state.pop(key, None)
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    missing_maps = [k for k in ("d2t", "t2d") if k not in state]
+    if missing_maps:
+        raise UserError(
+            f"{where} has no {' / '.join(missing_maps)} vocabulary map; it must ship with the checkpoint "
+            "(specbench never regenerates it: a wrong map silently collapses acceptance)"
+        )
+    head = Eagle3Head(cfg)
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise UserError(f"{where} lacks weights: {', '.join(missing)}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise UserError(f"{where} holds weights an EAGLE-3 head does not have: {', '.join(unexpected[:5])}")
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
+    if cfg.draft_vocab_size == cfg.vocab_size:
+        # upstream (cnets.py) never reads the maps when the draft vocab is the whole vocabulary, and
+        # its t2d buffer may then be left all False: the identity map is what such a head means
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    else:
+        _check_maps(state["d2t"], state["t2d"], where)
+        state["d2t"] = state["d2t"].long()
+        state["t2d"] = state["t2d"].bool()
+    head.load_state_dict(state, strict=True)
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _read_weights(src: Path, where: str) -> dict[str, torch.Tensor]:
+    if (src / WEIGHTS_NAME).exists():
+        try:
+            return dict(load_file(str(src / WEIGHTS_NAME)))
+        except Exception as exc:  # noqa: BLE001 - a corrupt file becomes one line
+            raise UserError(f"{where}: could not read {WEIGHTS_NAME} ({type(exc).__name__})") from None
+    if (src / LEGACY_WEIGHTS_NAME).exists():
+        try:
+            return dict(torch.load(src / LEGACY_WEIGHTS_NAME, map_location="cpu", weights_only=True))
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"{where}: could not read {LEGACY_WEIGHTS_NAME} ({type(exc).__name__})") from None
+    raise UserError(f"{where} has no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+
+
+def _check_maps(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+    """d2t and t2d must describe the same set of distinct target ids."""
+    draft_vocab, vocab = d2t.numel(), t2d.numel()
+    target_ids = torch.arange(draft_vocab) + d2t.long()
+    if bool(((target_ids < 0) | (target_ids >= vocab)).any()):
+        raise UserError(f"{where}: d2t maps draft ids outside the target vocabulary (size {vocab})")
+    if target_ids.unique().numel() != draft_vocab:
+        raise UserError(f"{where}: d2t maps two draft ids to the same target id")
+    if int(t2d.bool().sum()) != draft_vocab or not bool(t2d.bool()[target_ids].all()):
+        raise UserError(f"{where}: t2d and d2t disagree about which target ids the draft vocabulary holds")
