@@ -133,7 +133,7 @@ def specbench_sha() -> str:
     sha = _git(["rev-parse", "--short", "HEAD"], pkg_dir)
     if not sha or not sha.strip():
         return "unknown"
-    status = _git(["status", "--porcelain"], pkg_dir)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], pkg_dir)
     dirty = "+dirty" if status is None or status.strip() else ""
     return sha.strip() + dirty
 
