@@ -100,16 +100,24 @@ def run(
 
     summary = report.run_summary(outcome.rows, None if outcome.baseline_rows is None else _frame(outcome.baseline_rows))
     table = Table(title=f"{drafter} on {target} · {runner.task_name(spec)} · T={temperature}")
-    for col in ("prompts", "tau micro", "tau macro", "accept rate", "draft share", "tok/s",
-                "decode speedup (sum | mean)", "e2e speedup (sum | mean)", "lossless"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        _fmt(summary.get("n_prompts")), _fmt(summary.get("tau_micro"), 2), _fmt(summary.get("tau_macro"), 2),
-        _fmt(summary.get("acceptance_rate")), _fmt(summary.get("draft_share")), _fmt(summary.get("tokens_per_s"), 1),
-        f"{_fmt(summary.get('decode_speedup_sum'), 2)} | {_fmt(summary.get('decode_speedup_mean'), 2)}",
-        f"{_fmt(summary.get('e2e_speedup_sum'), 2)} | {_fmt(summary.get('e2e_speedup_mean'), 2)}",
-        _fmt(summary.get("lossless")),
-    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("meaning", style="dim")
+    rows = [
+        ("prompts", _fmt(summary.get("n_prompts")), "prompts run (each turn is a row)"),
+        ("tau (micro)", _fmt(summary.get("tau_micro"), 2), "tokens per target forward, all steps pooled"),
+        ("tau (macro)", _fmt(summary.get("tau_macro"), 2), "mean over (prompt, turn)"),
+        ("acceptance rate", _fmt(summary.get("acceptance_rate")), "accepted drafts / drafted nodes"),
+        ("draft share", _fmt(summary.get("draft_share")), "drafting seconds / decode seconds"),
+        ("tokens/s", _fmt(summary.get("tokens_per_s"), 1), "decode throughput"),
+        ("decode speedup", f"{_fmt(summary.get('decode_speedup_sum'), 2)} | {_fmt(summary.get('decode_speedup_mean'), 2)}",
+         "paired with ar: ratio of sums | mean of per-prompt ratios"),
+        ("e2e speedup", f"{_fmt(summary.get('e2e_speedup_sum'), 2)} | {_fmt(summary.get('e2e_speedup_mean'), 2)}",
+         "the same with prefill included"),
+        ("lossless", _fmt(summary.get("lossless")), "greedy outputs equal ar's token for token"),
+    ]
+    for row in rows:
+        table.add_row(*row)
     out_console.print(table)
     out_console.print(f"results: {outcome.out}")
     if outcome.baseline_source:

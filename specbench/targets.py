@@ -246,6 +246,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 def _from_dir(name: str, path, dev: torch.device, dt: torch.dtype) -> Target:
     if isinstance(path, Path) and not (path / "config.json").exists():
         raise UserError(f"'{path}' has no config.json; pass a Hugging Face model directory")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # specbench shows its own progress; keep stderr to one display
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)

@@ -81,10 +81,11 @@ def mt_run(tmp_path_factory, _wide_console_one_thread):
 
 
 def _lossless_cell(stdout: str) -> str:
-    rows = [line for line in stdout.splitlines() if line.startswith("│")]
+    """The value cell of the summary table's "lossless" row."""
+    rows = [line for line in stdout.splitlines() if line.startswith("│") and "lossless" in line.split("│")[1]]
     assert rows, stdout
     cells = [c.strip() for c in rows[-1].split("│") if c.strip()]
-    return cells[-1]
+    return cells[1]
 
 
 # ------------------------------------------------------------------------------------------ run
