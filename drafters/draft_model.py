@@ -74,7 +74,7 @@ class DraftModelDrafter:
             keep += 1
         self.draft.truncate(keep)
         new = self.seq[keep:]
-        out = self.draft.forward_tree(chain(new), keep)
+        out = self.draft.forward_tree(chain(new), keep, last_logits_only=True)
         self.cached = list(self.seq)
         return out.logits[-1]
 
@@ -104,7 +104,7 @@ class DraftModelDrafter:
                 tok = int(torch.multinomial(q, 1, generator=s.generator))
             tokens.append(tok)
             if i + 1 < self.config.num_draft:
-                logits = self.draft.forward_tree(chain([tok]), len(self.cached)).logits[-1]
+                logits = self.draft.forward_tree(chain([tok]), len(self.cached), last_logits_only=True).logits[-1]
                 self.cached.append(tok)
         tree = chain(torch.tensor(tokens, dtype=torch.long, device=device))
         draft_probs = None

@@ -97,9 +97,14 @@ class Target:
 
     @torch.inference_mode()
     def forward_tree(
-        self, tree: DraftTree, pos: int, feature_layers: tuple[int, ...] = (), force_tree_mask: bool = False
+        self, tree: DraftTree, pos: int, feature_layers: tuple[int, ...] = (), force_tree_mask: bool = False,
+        last_logits_only: bool = False,
     ) -> TreeOutput:
-        """One target forward over every node of ``tree``; the cache must hold exactly ``pos`` slots."""
+        """One target forward over every node of ``tree``; the cache must hold exactly ``pos`` slots.
+
+        ``last_logits_only`` computes the lm_head for the last node alone (logits then [1, V]): for a
+        model that only needs the next-token distribution after a chain, e.g. a draft LM catching up.
+        """
         if self.kv_length != pos:
             raise RuntimeError(f"target cache holds {self.kv_length} slots but the tree root is at position {pos}")
         n = tree.size
@@ -115,6 +120,7 @@ class Target:
             cache=self.cache,
             use_cache=True,
             output_hidden_states=bool(feature_layers),
+            logits_to_keep=1 if last_logits_only else 0,
         )
         return TreeOutput(logits=out.logits[0].float(), features=self._features(out, feature_layers))
 

@@ -276,3 +276,22 @@ def test_ar_generate_equals_transformers_generate(targets, name):
         assert ours == hf
         assert len(ours) == n_new or ours[-1] in stop
     assert ours[-1] in stop and len(ours) >= 3  # the last prompt did exercise the stop
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_last_logits_only_and_forced_tree_mask_match_the_plain_forward(targets, name):
+    """Both fast paths of forward_tree (lm_head on the last row only; the model's own causal mask
+    for a chain) against the general path (explicit tree mask, every row)."""
+    target = targets[name]
+    prefix = prefix_ids(7, seed=5)
+    tokens = prefix_ids(6, seed=6)
+    pos = prefix.numel()
+    target.prefill(prefix)
+    full = target.forward_tree(chain(tokens), pos, force_tree_mask=True)
+    target.prefill(prefix)
+    fast = target.forward_tree(chain(tokens), pos)
+    target.prefill(prefix)
+    last = target.forward_tree(chain(tokens), pos, last_logits_only=True)
+    assert last.logits.shape == (1, full.logits.shape[1])
+    torch.testing.assert_close(fast.logits, full.logits, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(last.logits[0], full.logits[-1], atol=ATOL, rtol=1e-4)
