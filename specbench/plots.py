@@ -285,7 +285,11 @@ def _empty(ax, message: str) -> None:
 
 
 def _tick_label(label: str) -> str:
-    return textwrap.fill(label, 18)
+    """One option per line ("ngram\n(branches=1,\nnum_draft=7)"), so neighbouring ticks never overlap."""
+    head, sep, opts = label.partition(" (")
+    if not sep:
+        return textwrap.fill(label, 14)
+    return head + "\n(" + ",\n".join(o.strip() for o in opts.split(","))
 
 
 def plot_acceptance(series: list[Series], subtitle: str, path: Path) -> Path:
