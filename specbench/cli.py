@@ -33,6 +33,26 @@ class _Group(typer.core.TyperGroup):
             err_console.print(_INTERRUPTED, highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
 
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        """A wrong flag, value or command gets one line too, instead of usage text plus a framed panel."""
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:  # typer vendors click, so match its UsageError family by name
+            if not any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
+                raise
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                typer.echo(ctx.get_help())
+                rv = 0
+            else:
+                where = ctx.command_path if ctx is not None else "specbench"
+                err_console.print(f"[bold red]error:[/] {exc.format_message()} (see `{where} --help`)",
+                                  highlight=False, soft_wrap=True)
+                rv = 2
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     cls=_Group,

@@ -404,3 +404,20 @@ def test_no_args_shows_commands():
     result = invoke()
     for name in ("run", "compare", "drafters", "tasks", "targets"):
         assert name in result.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["run", "--bogus"], ["--bogus", "run --help"]),
+        (["run", "--max-new-tokens", "abc"], ["--max-new-tokens"]),
+        (["nosuchcmd"], ["nosuchcmd"]),
+        (["compare"], ["files"]),
+    ],
+)
+def test_usage_errors_are_one_line(args, words):
+    """A wrong flag, value or command: the same one-line error as every other user mistake."""
+    result = invoke(*args)
+    line = assert_user_error(result, *words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert line.endswith("--help`)")
