@@ -28,16 +28,6 @@ FEATURE_LAYERS = (0, 2, 4)  # embeddings, a middle layer, the last layer (HF hid
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # The tiny models are dominated by per-op overhead; on a small shared CPU, intra-op threads only
-    # add synchronisation cost (measured ~4x slower with 2 threads).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def targets():
     return {name: load_target(name, device="cpu", dtype="float32") for name in TARGETS}

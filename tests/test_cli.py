@@ -58,18 +58,12 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _wide_console_one_thread():
-    """A wide stdout console so the end-of-run table is not truncated; one torch thread (2 cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli.out_console, "_width", 220)
-        yield
-    torch.set_num_threads(threads)
+def _wide_console(wide_console):
+    yield
 
 
 @pytest.fixture(scope="module")
-def mt_run(tmp_path_factory, _wide_console_one_thread):
+def mt_run(tmp_path_factory, _wide_console):
     """ngram on 2 two-turn MT-Bench prompts, with its AR baseline run alongside."""
     root = tmp_path_factory.mktemp("mt")
     res = root / "res"

@@ -46,14 +46,6 @@ UPSTREAM_KEYS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Setup:
     def __init__(self, name: str):
         self.target = load_target(name, device="cpu", dtype="float32")

@@ -44,15 +44,6 @@ N_HEAVY = 6
 N_CROSS = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models: intra-op threads only add synchronisation cost on a small shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def prompt_texts() -> list[str]:
     """16 task prompts, cut to 40 characters (the byte-level tiny tokenizer: ~1 token per byte)."""
     humaneval = [p.turns[0][:40] for p in load_task("humaneval")[:8]]

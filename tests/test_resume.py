@@ -25,13 +25,8 @@ KEYS = sorted((p["id"], t) for p in PROMPTS for t in range(len(p.get("turns", [N
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _setup():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli.out_console, "_width", 220)
-        yield
-    torch.set_num_threads(threads)
+def _setup(wide_console):
+    yield
 
 
 @pytest.fixture

@@ -22,15 +22,6 @@ def T(xs):
     return torch.tensor(xs, dtype=torch.long)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny tensors: intra-op threads only add synchronisation cost on a small shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def onehot_logits(n_nodes: int, vocab: int, choice: list[int]) -> torch.Tensor:
     """[n, V] random logits whose argmax at node i is choice[i]."""
     g = torch.Generator().manual_seed(n_nodes * 31 + vocab)
