@@ -100,9 +100,7 @@ def default_run_id(spec: RunSpec) -> str:
 def build_drafter(name: str, target, options: tuple[str, ...], drafter_path: Path | None):
     cls = drafter_class(name)
     pairs = list(options)
-    if drafter_path is not None:
-        if "path" not in {f for f in getattr(cls.Config, "__dataclass_fields__", {})}:
-            raise UserError(f"drafter '{name}' loads no checkpoint; drop --drafter-path")
+    if drafter_path is not None:  # validate() has checked that the drafter takes a checkpoint
         pairs.append(f"path={drafter_path}")
     config = parse_config(cls.Config, pairs)
     return cls(target, config), config
@@ -206,8 +204,6 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
     """Run ``spec``; ``load_target(spec)`` returns a Target; ``progress(done, total, label)`` reports."""
     prompts = validate(spec)
     out = Path(spec.out) if spec.out is not None else Path(spec.results_dir) / f"{default_run_id(spec)}.parquet"
-    if out.suffix != ".parquet":
-        raise UserError(f"--out must end in .parquet, got '{out}'")
     writer = results.RunWriter(out, resume=spec.resume)
 
     target = load_target(spec)
