@@ -20,6 +20,7 @@ from drafters.ar import ARDrafter
 from specbench.cache import commit_path, commit_path_gather
 from specbench.decode import generate
 from specbench.drafter import Sampling
+from stopsearch import early_stop_prompt
 from specbench.targets import load_target
 from specbench.tree import DraftTree, chain, path_to, root_only
 
@@ -221,22 +222,6 @@ def test_commit_rejects_too_long_path(targets):
 
 
 # --------------------------------------------------------------------------- AR == transformers generate
-
-
-@torch.inference_mode()
-def early_stop_prompt(target) -> torch.Tensor:
-    """A prompt whose greedy continuation reaches a stop token after a few tokens (batched search)."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 256, (256, 8), generator=g)
-    for _ in range(12):
-        nxt = target.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].argmax(-1)
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-    stop = torch.tensor(target.stop_token_ids)
-    for row in ids:
-        hit = torch.isin(row[8:], stop).nonzero().flatten().tolist()
-        if hit and hit[0] >= 2:
-            return row[:8]
-    raise AssertionError("no early-stop prompt found")
 
 
 def first_stop(ids: list[int], stop: set[int]) -> list[int]:

@@ -34,6 +34,7 @@ from specbench.drafter import DraftContext, Sampling
 from specbench.targets import build_tiny, load_target
 from specbench.tasks import load_task, render_chat
 from specbench.tree import DraftTree
+from stopsearch import early_stop_prompt
 
 TARGETS = ["tiny-llama", "tiny-qwen3"]
 MAX_NEW = 32
@@ -62,23 +63,6 @@ def lookup_friendly_prompts(target, count: int) -> list[torch.Tensor]:
     found = [row for row, nxt in zip(cand, greedy) if int(nxt) == int(row[6]) and int((row[:-1] == row[5]).sum()) == 1]
     assert len(found) >= count, "no lookup-friendly prompt found; widen the search"
     return found[:count]
-
-
-@torch.inference_mode()
-def early_stop_prompt(target) -> torch.Tensor:
-    """A raw token prompt whose greedy continuation hits a stop token after a few tokens (batched
-    plain greedy search over random prompts), so every drafter must stop at the same place."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 256, (256, 8), generator=g)
-    for _ in range(12):
-        nxt = target.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].argmax(-1)
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-    stop = torch.tensor(target.stop_token_ids)
-    for row in ids:
-        hit = torch.isin(row[8:], stop).nonzero().flatten().tolist()
-        if hit and hit[0] >= 2:
-            return row[:8]
-    raise AssertionError("no early-stop prompt found; widen the search")
 
 
 class Setup:
