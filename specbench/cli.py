@@ -187,6 +187,89 @@ def plot(
 
 
 @app.command()
+def train(
+    drafter: str = typer.Option("eagle3", "--drafter", "-d", help="a learned drafter (see `specbench drafters`)"),
+    target: str = typer.Option("smollm2-135m", "--target", help="alias, local model directory or hub id"),
+    data: str = typer.Option("all", "--data", help="comma-separated built-in training sets, or all (see `specbench train-sets`)"),
+    budget_tokens: int = typer.Option(60_000, "--budget-tokens", help="assistant tokens of training data (same for every drafter)"),
+    heldout_tokens: int = typer.Option(6_000, "--heldout-tokens", help="assistant tokens of held-out data"),
+    regenerate: Optional[bool] = typer.Option(None, "--regenerate/--no-regenerate",
+                                              help="train on answers the target writes itself (default: the recipe's)"),
+    options: List[str] = typer.Option([], "--set", help="recipe option key=value (repeatable), e.g. epochs=3"),
+    out: Path = typer.Option(..., "--out", help="checkpoint directory (rerun the same command to resume)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
+) -> None:
+    """Train a drafter for a target: data, self-distillation, feature cache, trainer, checkpoint."""
+    from specbench.targets import load_target
+    from specbench.train import pipeline
+
+    job = pipeline.TrainJob(
+        drafter=drafter, target=target, data=_train_sets() if data.strip() == "all" else tuple(d.strip() for d in data.split(",") if d.strip()),
+        budget_tokens=budget_tokens, heldout_tokens=heldout_tokens, regenerate=regenerate, options=tuple(options),
+        out=out, device=device,
+    )
+    pipeline.validate(job)
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(p: pipeline.Progress) -> None:
+            if p.stage not in tasks:
+                tasks[p.stage] = bar.add_task(p.stage, total=p.total, label="")
+            label = ""
+            report = p.fields.get("report")
+            if report is not None:
+                m = report.metrics
+                accs = " ".join(f"{m[k]:.2f}" for k in sorted((k for k in m if k.startswith("acc_")), key=lambda k: int(k[4:])))
+                label = f"loss {m.get('loss', float('nan')):.3f} · acc/depth {accs} · {report.tokens_per_s:,.0f} tok/s"
+                if report.heldout:
+                    h = report.heldout
+                    label += f" · held-out acc_0 {h.get('acc_0', float('nan')):.2f}"
+            bar.update(tasks[p.stage], completed=p.done, total=p.total, label=label)
+
+        summary = pipeline.run_training(job, lambda j: load_target(j.target, j.device, "float32"), progress)
+
+    held = summary["heldout"]
+    table = Table(title=f"{drafter} for {target}: held-out metrics after {summary['steps']} steps")
+    table.add_column("depth", justify="right")
+    table.add_column("top-1 acc", justify="right")
+    table.add_column("soft CE", justify="right")
+    depths = sorted(int(k[4:]) for k in held if k.startswith("acc_"))
+    for d in depths:
+        table.add_row(str(d + 1), _fmt(held.get(f"acc_{d}")), _fmt(held.get(f"loss_{d}")))
+    out_console.print(table)
+    secs = summary["seconds"]
+    out_console.print(
+        f"{summary['train_loss_tokens']:,} assistant tokens ({summary['train_conversations']} conversations), "
+        f"regenerate={summary['job']['regenerate']}; this call: {secs['total_this_call']:.0f} s "
+        f"(regenerate {secs['regenerate_this_call']:.0f} s, features {secs['features_this_call']:.0f} s, "
+        f"train {secs['train_this_call']:.0f} s)"
+    )
+    out_console.print(f"checkpoint: {out}" if summary["finished"] else f"unfinished; rerun the same command to resume ({out})")
+
+
+def _train_sets() -> tuple[str, ...]:
+    from specbench.train.data import TRAIN_SETS
+
+    return tuple(TRAIN_SETS)
+
+
+@app.command("train-sets")
+def train_sets() -> None:
+    """List the built-in training sets (what `specbench train --data` takes)."""
+    from specbench.train.data import TRAIN_SETS
+
+    table = Table(title="training sets (vendored; licences in specbench/train/data/*/SOURCE.md)")
+    for col in ("set", "conversations", "description", "licence"):
+        table.add_column(col)
+    for info in TRAIN_SETS.values():
+        table.add_row(info.name, str(info.n_conversations), info.description, info.licence)
+    out_console.print(table)
+
+
+@app.command()
 def targets() -> None:
     """List the built-in targets, their size and whether each is cached."""
     from specbench.fetch import ALIASES, alias_dir, is_cached

@@ -78,6 +78,13 @@ class Eagle3Drafter:
         self.embed = target.model.get_input_embeddings()  # the target's, shared (never copied or saved)
         self.reset(Sampling())
 
+    @staticmethod
+    def trainer():
+        """The trainable for `specbench train` (imported on demand)."""
+        from drafters.eagle3.train import Eagle3Training
+
+        return Eagle3Training
+
     def reset(self, sampling: Sampling) -> None:
         self.sampling = sampling
         self.cache = KVCache.for_head(self.head)

@@ -1,0 +1,219 @@
+"""`specbench train` as a library call: data -> (self-distillation) -> features -> trainer -> checkpoint.
+
+Every learned drafter goes through :func:`run_training` with the same data, split and token budget
+(those are harness settings, not recipe settings); a family only supplies its trainable
+(``DrafterClass.trainer()``) and recipe. The output directory holds:
+
+* the checkpoint in the family's released layout (EAGLE-3: config.json + model.safetensors);
+* ``training.json``: the job, the recipe, data and cost figures, final held-out metrics, hardware;
+* ``train_log.jsonl``: one line per optimizer step (and held-out metrics on evaluation steps);
+* ``trainer_state.pt``: what a rerun of the same command resumes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbench.drafter import UserError, drafter_class, parse_config
+from specbench.train.data import TRAIN_SETS
+
+JOB_FILE = "training.json"
+DEFAULT_BUDGET_TOKENS = 60_000
+DEFAULT_HELDOUT_TOKENS = 6_000
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    drafter: str = "eagle3"
+    target: str = "smollm2-135m"
+    data: tuple[str, ...] = tuple(TRAIN_SETS)
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS  # assistant (loss) tokens of training data
+    heldout_tokens: int = DEFAULT_HELDOUT_TOKENS  # assistant tokens of held-out data (evaluation)
+    holdout_fraction: float = 0.02
+    regenerate: bool | None = None  # None = the recipe's default
+    options: tuple[str, ...] = ()  # --set key=value on the recipe
+    out: Path = Path("checkpoints/eagle3")
+    device: str = "auto"
+    max_new_tokens: int = 256  # self-distillation answer cap
+    data_seed: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the pipeline reports to a display: a stage name and its counts."""
+
+    stage: str  # "regenerate", "heldout", "features", "train"
+    done: int
+    total: int
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def trainer_of(name: str):
+    cls = drafter_class(name)
+    get = getattr(cls, "trainer", None)
+    if get is None:
+        raise UserError(f"drafter '{name}' has no training recipe; `specbench train` works for learned drafters")
+    return get()
+
+
+def validate(job: TrainJob) -> tuple[type, Any]:
+    """User errors before anything loads: returns (trainable class, recipe)."""
+    training = trainer_of(job.drafter)
+    recipe = parse_config(training.Recipe, list(job.options))
+    if job.budget_tokens <= 0 or job.heldout_tokens <= 0:
+        raise UserError("--budget-tokens and --heldout-tokens must be positive")
+    unknown = [d for d in job.data if d not in TRAIN_SETS]
+    if unknown or not job.data:
+        raise UserError(f"unknown training set {', '.join(map(repr, unknown)) or '(none)'}; choose from: {', '.join(TRAIN_SETS)}")
+    if job.out.exists() and not job.out.is_dir():
+        raise UserError(f"--out '{job.out}' is a file; pass a directory for the checkpoint")
+    previous = job.out / JOB_FILE
+    if previous.exists():
+        try:
+            before = json.loads(previous.read_text())["job"]
+        except (json.JSONDecodeError, KeyError):
+            raise UserError(f"--out '{job.out}' holds an unreadable {JOB_FILE}; choose another --out") from None
+        now = _job_dict(job, recipe)
+        if before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise UserError(f"--out '{job.out}' holds a training run with other settings ({', '.join(changed)}); "
+                            "rerun with the same settings to resume, or choose a new --out")
+    return training, recipe
+
+
+def _job_dict(job: TrainJob, recipe: Any) -> dict:
+    d = dataclasses.asdict(job)
+    d.pop("out")
+    d.pop("device")
+    d["data"] = list(job.data)
+    d["options"] = list(job.options)
+    d["recipe"] = dataclasses.asdict(recipe)
+    d["regenerate"] = _regen_flag(job, recipe)
+    return d
+
+
+def _regen_flag(job: TrainJob, recipe: Any) -> bool:
+    return bool(getattr(recipe, "regenerate", False)) if job.regenerate is None else job.regenerate
+
+
+def _digest_ids(ids: list[list[int]], masks: list[list[int]]) -> str:
+    h = hashlib.sha256()
+    for x, m in zip(ids, masks):
+        h.update(json.dumps([x, m]).encode())
+    return h.hexdigest()
+
+
+def _prepare(ds, target, budget: int, max_length: int, seed: int):
+    """Tokenized, budget-selected rows: (input_ids, loss_mask)."""
+    from specbench.train.data import _column, budget_select, tokenize_dataset
+
+    tok = tokenize_dataset(ds, target.tokenizer, max_length)
+    total = sum(_column(tok, "n_loss_tokens"))
+    chosen = budget_select(tok, min(budget, total), seed=seed)
+    return _column(chosen, "input_ids"), _column(chosen, "loss_mask")
+
+
+def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
+                 progress: Callable[[Progress], Any] | None = None, stop_after: int | None = None) -> dict:
+    """Run ``job``; returns the summary also written to ``training.json``."""
+    from specbench.fetch import cache_root
+    from specbench.results import env_fingerprint
+    from specbench.train.data import load_conversations, split_holdout
+    from specbench.train.features import build_feature_cache
+    from specbench.train.regenerate import RegenConfig, regenerate, target_digest
+    from specbench.train.trainer import TokenizedSet, train
+
+    training, recipe = validate(job)
+    report = progress or (lambda p: None)
+    wall_start = time.perf_counter()
+    job.out.mkdir(parents=True, exist_ok=True)
+    if not (job.out / JOB_FILE).exists():  # the settings first, so a rerun with others is refused
+        (job.out / JOB_FILE).write_text(json.dumps({"job": _job_dict(job, recipe), "finished": False}, indent=2) + "\n")
+    target = load_target(job)
+    torch.manual_seed(recipe.seed)
+    digest = target_digest(target)
+    split = split_holdout(load_conversations(list(job.data)), job.holdout_fraction, seed=job.data_seed)
+    regen = _regen_flag(job, recipe)
+    regen_stats = {}
+    if regen:
+        cfg = RegenConfig(max_new_tokens=job.max_new_tokens, seed=job.data_seed)
+        train_ds, st = regenerate(split.train, target, cache_root() / "regen", job.budget_tokens, recipe.max_length, cfg,
+                                  lambda d, t: report(Progress("regenerate", d, t)))
+        held_ds, sth = regenerate(split.heldout, target, cache_root() / "regen", job.heldout_tokens, recipe.max_length, cfg,
+                                  lambda d, t: report(Progress("regenerate held-out", d, t)))
+        regen_stats = {"train": dataclasses.asdict(st), "heldout": dataclasses.asdict(sth)}
+        if st.loss_tokens < job.budget_tokens:
+            raise UserError(f"the training sets hold only {st.loss_tokens:,} regenerated loss tokens, less than "
+                            f"--budget-tokens {job.budget_tokens:,}; lower the budget or add sets")
+    else:
+        train_ds, held_ds = split.train, split.heldout
+    train_ids, train_mask = _prepare(train_ds, target, job.budget_tokens, recipe.max_length, job.data_seed)
+    held_ids, held_mask = _prepare(held_ds, target, job.heldout_tokens, recipe.max_length, job.data_seed)
+
+    trainable = training(target, recipe, train_ids, train_mask)
+    feature_start = time.perf_counter()
+    caches = {}
+    for name, ids, masks in (("train", train_ids, train_mask), ("heldout", held_ids, held_mask)):
+        caches[name] = build_feature_cache(
+            target, ids, trainable.cache_layers, cache_root() / "features", target_digest=digest,
+            data_fingerprint=_digest_ids(ids, masks), batch_tokens=2048,
+            progress=lambda d, t, n=name: report(Progress(f"features ({n})", d, t)))
+    feature_seconds = time.perf_counter() - feature_start
+    train_set = TokenizedSet(train_ids, train_mask, caches["train"])
+    held_set = TokenizedSet(held_ids, held_mask, caches["heldout"])
+
+    device = target.device
+    data_key = _digest_ids(train_ids, train_mask) + _digest_ids(held_ids, held_mask)
+    result = train(trainable, train_set, held_set, job.out, data_key, device,
+                   on_step=lambda r: report(Progress("train", r.step, r.total_steps, {"report": r})),
+                   stop_after=stop_after)
+    done = result.steps >= _total_steps(trainable, train_set)
+    if done:
+        trainable.save(job.out)
+    summary = {
+        "job": _job_dict(job, recipe),
+        "finished": done,
+        "steps": result.steps,
+        "train_conversations": len(train_ids),
+        "train_loss_tokens": int(sum(map(sum, train_mask))),
+        "train_tokens": int(sum(map(len, train_ids))),
+        "heldout_conversations": len(held_ids),
+        "heldout_loss_tokens": int(sum(map(sum, held_mask))),
+        "tokens_seen": result.train_tokens_seen,
+        "seconds": {"total_this_call": time.perf_counter() - wall_start, "features_this_call": feature_seconds,
+                    "train_this_call": result.seconds,
+                    "regenerate_this_call": regen_stats.get("train", {}).get("seconds", 0.0)
+                    + regen_stats.get("heldout", {}).get("seconds", 0.0)},
+        "resumed_from_step": result.resumed_from,
+        "regenerate": regen_stats,
+        "heldout": result.heldout,
+        "feature_cache": {k: str(v.path) for k, v in caches.items()},
+        "hardware": {**env_fingerprint(str(device), str(target.dtype).removeprefix("torch.")),
+                     "machine": platform.machine()},
+    }
+    job.out.mkdir(parents=True, exist_ok=True)
+    tmp = job.out / (JOB_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    tmp.replace(job.out / JOB_FILE)
+    return summary
+
+
+def _total_steps(trainable, data) -> int:
+    from specbench.train.trainer import plan_batches
+
+    r = trainable.recipe
+    lengths = [len(x) for x in data.input_ids]
+    return sum(len(plan_batches(lengths, r.batch_tokens, r.seed, e)) for e in range(r.epochs))
+
+
+__all__ = ["TrainJob", "Progress", "run_training", "validate", "trainer_of", "JOB_FILE"]

@@ -1,0 +1,288 @@
+"""The one training loop every learned drafter uses.
+
+A drafter family supplies a *trainable* (its recipe, its module, its loss); this module supplies
+the rest, the same for every family: batches drawn from the feature cache, AdamW, linear warm-up
+then cosine decay (transformers' ``get_cosine_schedule_with_warmup``), gradient clipping, a
+held-out evaluation every ``eval_every`` steps and at the end, and a checkpoint of the whole
+training state every ``save_every`` steps that a rerun resumes from.
+
+Determinism: the model is initialised under ``torch.manual_seed(recipe.seed)`` by the family, and
+the batch plan (which sequences, in which order, each epoch) is a pure function of the seed and the
+data, so a resumed run sees exactly the batches an uninterrupted one would have seen.
+
+Metrics are ``{name: (numerator, denominator)}`` pairs (a masked loss sum and its token count, hits
+and trials), summed over batches before dividing, so held-out numbers do not depend on batching.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from specbench.errors import UserError
+from specbench.train.features import FeatureCache
+
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """What every family's recipe holds; a family subclasses it to add its own fields and defaults."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    epochs: int = 2
+    batch_tokens: int = 4096  # padded tokens per optimizer step
+    max_length: int = 1024  # conversations are cut to this many tokens
+    grad_clip: float = 0.5
+    eval_every: int = 100  # steps between held-out evaluations (and one at the end)
+    save_every: int = 50  # steps between training-state checkpoints
+    seed: int = 0
+    regenerate: bool = False  # default of --regenerate/--no-regenerate for this family
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.epochs < 1 or self.batch_tokens < 1 or self.max_length < 2:
+            raise ValueError("lr, epochs, batch_tokens must be positive and max_length at least 2")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError("warmup_ratio must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded sequences with their cached target states (right padding; ``valid`` marks real tokens)."""
+
+    tokens: Tensor  # [B, T] int64
+    loss_mask: Tensor  # [B, T] bool: assistant tokens (the ones a drafter is scored on)
+    valid: Tensor  # [B, T] bool
+    hidden: Tensor  # [B, T, L, H] float32: the target's hidden states at the cache's layers
+    argmax: Tensor  # [B, T] int64: the target's top-1 next token at each position
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.valid.sum())
+
+
+class Trainable(Protocol):
+    """What a drafter family hands the trainer."""
+
+    recipe: TrainRecipe
+    module: nn.Module  # the parameters that train (and whose state_dict is checkpointed)
+
+    def loss(self, batch: Batch) -> tuple[Tensor, dict[str, tuple[float, float]]]:
+        """The scalar training loss and metrics as (numerator, denominator) pairs."""
+        ...
+
+
+@dataclass(frozen=True)
+class TokenizedSet:
+    """Sequences in feature-cache order: ``input_ids[s]`` and ``loss_mask[s]`` are cache sequence s."""
+
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    cache: FeatureCache
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int
+    total_steps: int
+    epoch: int
+    lr: float
+    metrics: dict[str, float]  # training metrics of this step
+    tokens_per_s: float  # training tokens (valid rows) per second, running mean over this call
+    heldout: dict[str, float] | None  # set on evaluation steps
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    seconds: float  # wall time of this call (a resumed run counts only its own part)
+    train_tokens_seen: int  # valid tokens passed through the model over all steps (all epochs)
+    heldout: dict[str, float]  # the final held-out metrics
+    resumed_from: int  # the step a previous run had reached (0 = fresh)
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """This epoch's batches of sequence ids: a seeded shuffle, sorted by length inside windows of
+    64 sequences (less padding), packed up to ``batch_tokens`` padded slots, batches shuffled."""
+    rng = random.Random(f"{seed}/{epoch}")
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    for w in range(0, len(order), 64):
+        window = sorted(order[w : w + 64], key=lambda s: lengths[s])
+        cur: list[int] = []
+        width = 0
+        for s in window:
+            new_width = max(width, lengths[s])
+            if cur and new_width * (len(cur) + 1) > batch_tokens:
+                batches.append(cur)
+                cur, new_width = [], lengths[s]
+            cur.append(s)
+            width = new_width
+        if cur:
+            batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(data: TokenizedSet, seqs: Sequence[int], device: torch.device | str = "cpu") -> Batch:
+    cache = data.cache
+    width = max(len(data.input_ids[s]) for s in seqs)
+    n_layers, hsize = cache.hidden.shape[1], cache.hidden.shape[2]
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    hidden = torch.zeros(len(seqs), width, n_layers, hsize, dtype=torch.float32)
+    argmax = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        n = len(data.input_ids[s])
+        tokens[row, :n] = torch.as_tensor(data.input_ids[s])
+        loss_mask[row, :n] = torch.as_tensor(data.loss_mask[s], dtype=torch.bool)
+        valid[row, :n] = True
+        rows = cache.rows(s)
+        hidden[row, :n] = torch.from_numpy(np.asarray(cache.hidden[rows], dtype=np.float32))
+        argmax[row, :n] = torch.from_numpy(np.asarray(cache.argmax[rows], dtype=np.int64))
+    to = lambda t: t.to(device)  # noqa: E731
+    return Batch(to(tokens), to(loss_mask), to(valid), to(hidden), to(argmax))
+
+
+def _ratios(sums: dict[str, list[float]]) -> dict[str, float]:
+    return {k: (num / den if den else float("nan")) for k, (num, den) in sums.items()}
+
+
+def _accumulate(sums: dict[str, list[float]], metrics: dict[str, tuple[float, float]]) -> None:
+    for k, (num, den) in metrics.items():
+        acc = sums.setdefault(k, [0.0, 0.0])
+        acc[0] += float(num)
+        acc[1] += float(den)
+
+
+@torch.no_grad()
+def evaluate(trainable: Trainable, data: TokenizedSet, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Metrics over every sequence of ``data`` (fixed batches, model in eval mode)."""
+    module = trainable.module
+    was_training = module.training
+    module.eval()
+    sums: dict[str, list[float]] = {}
+    lengths = [len(x) for x in data.input_ids]
+    for seqs in plan_batches(lengths, trainable.recipe.batch_tokens, seed=0, epoch=0):
+        _, metrics = trainable.loss(collate(data, seqs, device))
+        _accumulate(sums, metrics)
+    module.train(was_training)
+    return _ratios(sums)
+
+
+def _config_key(trainable: Trainable, data_key: str) -> str:
+    return json.dumps({"recipe": asdict(trainable.recipe), "data": data_key, "family": type(trainable).__name__},
+                      sort_keys=True, default=str)
+
+
+def train(
+    trainable: Trainable,
+    train_data: TokenizedSet,
+    heldout: TokenizedSet,
+    out_dir: Path,
+    data_key: str,
+    device: torch.device | str = "cpu",
+    on_step: Callable[[StepReport], Any] | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train ``trainable`` on ``train_data``; resume from ``out_dir`` when it holds a matching state.
+
+    ``data_key`` names the data (a run with other data or another recipe refuses to resume).
+    ``stop_after`` ends the call after that many steps in total, leaving a resumable state (tests).
+    """
+    from transformers import get_cosine_schedule_with_warmup
+
+    recipe = trainable.recipe
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    module = trainable.module.to(device)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+    lengths = [len(x) for x in train_data.input_ids]
+    plans = [plan_batches(lengths, recipe.batch_tokens, recipe.seed, e) for e in range(recipe.epochs)]
+    total_steps = sum(len(p) for p in plans)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(recipe.warmup_ratio * total_steps), total_steps)
+
+    key = _config_key(trainable, data_key)
+    step = 0
+    tokens_seen = 0
+    state_path = out_dir / STATE_FILE
+    if state_path.exists():
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        if state["key"] != key:
+            raise UserError(f"{state_path} was made with another recipe or data; rerun with the same settings "
+                            "or choose a new --out")
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+    resumed_from = step
+
+    def save_state() -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"key": key, "module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen}, tmp)
+        tmp.replace(state_path)
+
+    log = (out_dir / LOG_FILE).open("a", encoding="utf-8")
+    start = time.perf_counter()
+    call_tokens = 0
+    heldout_metrics: dict[str, float] = {}
+    module.train()
+    flat = [(e, seqs) for e, plan in enumerate(plans) for seqs in plan]
+    try:
+        for epoch, seqs in flat[step:]:
+            if stop_after is not None and step >= stop_after:
+                break
+            batch = collate(train_data, seqs, device)
+            loss, metrics = trainable.loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip))
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            tokens_seen += batch.n_tokens
+            call_tokens += batch.n_tokens
+            train_metrics = _ratios({k: list(v) for k, v in metrics.items()})
+            train_metrics["grad_norm"] = grad_norm
+            evaluated = None
+            if step % recipe.eval_every == 0 or step == total_steps:
+                evaluated = heldout_metrics = evaluate(trainable, heldout, device)
+            if step % recipe.save_every == 0 or step == total_steps:
+                save_state()
+            elapsed = time.perf_counter() - start
+            report = StepReport(step, total_steps, epoch, scheduler.get_last_lr()[0], train_metrics,
+                                call_tokens / max(elapsed, 1e-9), evaluated)
+            log.write(json.dumps({"step": step, "epoch": epoch, "lr": report.lr, "tokens_seen": tokens_seen,
+                                  "seconds": elapsed, **{f"train/{k}": v for k, v in train_metrics.items()},
+                                  **({f"heldout/{k}": v for k, v in evaluated.items()} if evaluated else {})}) + "\n")
+            log.flush()
+            if on_step is not None:
+                on_step(report)
+    finally:
+        log.close()
+        if step > resumed_from and step % recipe.save_every and step != total_steps:
+            save_state()  # interrupted between checkpoints: keep what was done
+    if not heldout_metrics:
+        heldout_metrics = evaluate(trainable, heldout, device)
+    return TrainResult(step, time.perf_counter() - start, tokens_seen, heldout_metrics, resumed_from)
+
+
+__all__ = ["TrainRecipe", "Batch", "Trainable", "TokenizedSet", "StepReport", "TrainResult", "plan_batches",
+           "collate", "evaluate", "train", "STATE_FILE", "LOG_FILE"]

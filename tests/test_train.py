@@ -1,0 +1,324 @@
+"""The training pipeline: TTT unroll against the inference path, feature cache, regeneration cache,
+trainer (loss goes down, resume equals an uninterrupted run), a trained head stays lossless, and
+`specbench train` end to end with its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from drafters.ar import ARDrafter
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.eagle3.checkpoint import load_eagle3
+from drafters.eagle3.model import random_head
+from drafters.eagle3.train import Eagle3Recipe, Eagle3Training, draft_vocabulary, reference_unroll, ttt_unroll
+from specbench.cli import app
+from specbench.decode import generate
+from specbench.drafter import Sampling
+from specbench.targets import load_target
+from specbench.tasks import load_task, render_chat
+from specbench.train.features import FeatureCache, build_feature_cache
+from specbench.train.regenerate import RegenCache, RegenConfig, cache_path, regenerate, target_digest
+from specbench.train.trainer import TokenizedSet, collate, evaluate, plan_batches, train
+
+TARGETS = ["tiny-llama", "tiny-qwen3"]
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {name: load_target(name, device="cpu", dtype="float32") for name in TARGETS}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+
+
+# --------------------------------------------------------------------------- the TTT unroll
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_ttt_unroll_equals_inference_path(targets, name):
+    """Every (row, step) output of the batched unroll equals the drafter's own KV-cached chain."""
+    target = targets[name]
+    head = random_head(target, draft_vocab_size=64, seed=1, std=0.2)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.vocab_size, (2, 11), generator=g)
+    feats = torch.randn(2, 11, 3 * target.hidden_size, generator=g)
+    embed = target.model.get_input_embeddings().weight.detach()
+    with torch.no_grad():
+        fast = ttt_unroll(head, embed, tokens, feats, steps=5)
+    for b in range(2):
+        slow = reference_unroll(head, embed, tokens[b], feats[b], steps=5)
+        for i in range(5):
+            torch.testing.assert_close(fast[i][b], slow[i], atol=2e-4, rtol=1e-4, msg=f"seq {b} step {i}")
+
+
+def test_ttt_sees_no_future_features_or_tokens(targets):
+    """Row j at step i reads features 0..j and tokens up to x[j+1+i], nothing later (no leak)."""
+    target = targets["tiny-llama"]
+    head = random_head(target, seed=2, std=0.2)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, target.vocab_size, (1, 12), generator=g)
+    feats = torch.randn(1, 12, 3 * target.hidden_size, generator=g)
+    embed = target.model.get_input_embeddings().weight.detach()
+    steps, m = 4, 6
+    with torch.no_grad():
+        base = ttt_unroll(head, embed, tokens, feats, steps)
+        f2 = feats.clone()
+        f2[0, m] += 1.0
+        moved_f = ttt_unroll(head, embed, tokens, f2, steps)
+        t2 = tokens.clone()
+        t2[0, m] = (t2[0, m] + 1) % target.vocab_size
+        moved_t = ttt_unroll(head, embed, t2, feats, steps)
+    for i in range(steps):
+        changed_f = (moved_f[i][0] - base[i][0]).abs().amax(-1) > 1e-6  # [R]
+        changed_t = (moved_t[i][0] - base[i][0]).abs().amax(-1) > 1e-6
+        rows = torch.arange(changed_f.numel())
+        assert torch.equal(changed_f, rows >= m), f"step {i}: features of position {m} reach rows {rows[changed_f].tolist()}"
+        # token x[m] is read by row j at step i iff m <= j + 1 + i (through step 0 when m <= j + 1)
+        assert torch.equal(changed_t, rows + 1 + i >= m), f"step {i}: token {m} reaches rows {rows[changed_t].tolist()}"
+
+
+def test_draft_vocabulary_most_frequent_sorted():
+    ids = [[5, 5, 5, 7, 7, 9, 1], [7, 3, 3]]
+    mask = [[1, 1, 1, 1, 1, 1, 0], [1, 1, 1]]  # token 1 is not an assistant token
+    assert draft_vocabulary(ids, mask, 3, 20).tolist() == [3, 5, 7]
+    assert draft_vocabulary(ids, mask, 6, 20).tolist() == [0, 1, 3, 5, 7, 9]  # padded with the lowest unused ids
+
+
+# --------------------------------------------------------------------------- data for the trainer
+
+
+def prompts_of(target, n: int, length: int = 40) -> list[torch.Tensor]:
+    tok = target.tokenizer
+    texts = [p.turns[0][:length] for p in load_task("humaneval")[:n // 2]] + [p.turns[0][:length] for p in load_task("gsm8k")[: n - n // 2]]
+    return [torch.tensor(render_chat(tok, [{"role": "user", "content": t}])) for t in texts]
+
+
+def self_distilled(target, n: int, max_new: int = 24) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt + the target's greedy answer) sequences with the loss on the answer."""
+    ids, masks = [], []
+    for prompt in prompts_of(target, n):
+        out = generate(target, ARDrafter(target), prompt, max_new, Sampling()).output_ids
+        ids.append(prompt.tolist() + out)
+        masks.append([0] * prompt.numel() + [1] * len(out))
+    return ids, masks
+
+
+def tokenized_set(target, training, ids, masks, where: Path) -> TokenizedSet:
+    cache = build_feature_cache(target, ids, training.cache_layers, where, target_digest=target_digest(target),
+                                data_fingerprint=str(hash(json.dumps(ids))), batch_tokens=256)
+    return TokenizedSet(ids, masks, cache)
+
+
+TINY_RECIPE = dict(draft_vocab_size=96, batch_tokens=256, lr=3e-3, epochs=4, eval_every=1000, save_every=5, ttt_steps=4)
+
+
+# --------------------------------------------------------------------------- feature cache
+
+
+def test_feature_cache_matches_target_and_resumes(targets, tmp_path):
+    target = targets["tiny-llama"]
+    ids = [[1, 5, 9, 33, 2], [4, 4, 8], [7, 3, 3, 3, 3, 3, 9], [6, 2]]
+    layers = (3, 0, 2)
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def interrupt(done, total):
+        calls.append(done)
+        if len(calls) == 2:  # after the first batch is written
+            raise Stop
+
+    digest = target_digest(target)
+    with pytest.raises(Stop):
+        build_feature_cache(target, ids, layers, tmp_path, target_digest=digest, data_fingerprint="d", batch_tokens=8,
+                            progress=interrupt)
+    assert not list(tmp_path.glob("*/meta.json"))  # unfinished
+    done_before = np.load(next(tmp_path.glob("*/done.npy")))
+    assert 0 < done_before.sum() < len(ids)
+    cache = build_feature_cache(target, ids, layers, tmp_path, target_digest=digest, data_fingerprint="d", batch_tokens=8)
+    assert cache.layers == (0, 2, 3) and cache.hidden.dtype == np.float16 and isinstance(cache.hidden, np.memmap)
+    for s, seq in enumerate(ids):
+        with torch.no_grad():
+            out = target.model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        want = torch.stack([out.hidden_states[i][0] for i in (0, 2, 3)], dim=1)  # [T, 3, H]
+        got = torch.from_numpy(np.asarray(cache.hidden[cache.rows(s)], dtype=np.float32))
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+        assert np.array_equal(cache.argmax[cache.rows(s)], out.logits[0].argmax(-1).numpy())
+    # the same layers in another order share the cache; another layer set gets its own
+    again = build_feature_cache(target, ids, (2, 3, 0), tmp_path, target_digest=digest, data_fingerprint="d")
+    assert again.path == cache.path
+    other = build_feature_cache(target, ids, (1,), tmp_path, target_digest=digest, data_fingerprint="d")
+    assert other.path != cache.path and FeatureCache.open(other.path).layers == (1,)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def test_plan_batches_deterministic_and_complete():
+    lengths = [5, 90, 33, 12, 61, 7, 7, 100, 3] * 20
+    a = plan_batches(lengths, 200, seed=1, epoch=0)
+    assert a == plan_batches(lengths, 200, seed=1, epoch=0)
+    assert a != plan_batches(lengths, 200, seed=1, epoch=1)
+    assert sorted(s for b in a for s in b) == list(range(len(lengths)))
+    assert all(len(b) == 1 or max(lengths[s] for s in b) * len(b) <= 200 for b in a)
+
+
+def test_training_lowers_loss_and_resume_is_exact(targets, tmp_path):
+    target = targets["tiny-llama"]
+    ids, masks = self_distilled(target, 8)
+    recipe = Eagle3Recipe(**TINY_RECIPE)
+    training = Eagle3Training(target, recipe, ids, masks)
+    data = tokenized_set(target, training, ids, masks, tmp_path / "features")
+    before = evaluate(training, data)
+    whole = train(training, data, data, tmp_path / "whole", "k")
+    after = evaluate(training, data)
+    assert whole.steps == sum(len(plan_batches([len(x) for x in ids], 256, 0, e)) for e in range(4))
+    # soft CE against a random tiny target is bounded below by its (high) entropy: a 15% drop is real
+    assert after["loss_0"] < 0.85 * before["loss_0"], (before, after)
+    assert after["acc_0"] > before["acc_0"] + 0.15, (before, after)
+    log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, whole.steps + 1))
+
+    # the same run stopped after 3 steps and resumed gives the same weights bit for bit
+    resumed = Eagle3Training(target, recipe, ids, masks)
+    part = train(resumed, data, data, tmp_path / "resumed", "k", stop_after=3)
+    assert part.steps == 3
+    fresh = Eagle3Training(target, recipe, ids, masks)  # a new process would start from scratch weights
+    rest = train(fresh, data, data, tmp_path / "resumed", "k")
+    assert rest.resumed_from == 3 and rest.steps == whole.steps
+    for (k, v), (k2, v2) in zip(training.module.state_dict().items(), fresh.module.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+    # another recipe in the same directory is refused
+    from specbench.errors import UserError
+
+    other = Eagle3Training(target, Eagle3Recipe(**{**TINY_RECIPE, "lr": 1e-3}), ids, masks)
+    with pytest.raises(UserError, match="another recipe or data"):
+        train(other, data, data, tmp_path / "resumed", "k")
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_briefly_trained_head_is_lossless_and_accepts(targets, tmp_path, name):
+    target = targets[name]
+    ids, masks = self_distilled(target, 8)
+    training = Eagle3Training(target, Eagle3Recipe(**{**TINY_RECIPE, "epochs": 20}), ids, masks)
+    data = tokenized_set(target, training, ids, masks, tmp_path / "features")
+    train(training, data, data, tmp_path / "run", "k")
+    training.save(tmp_path / "head")
+    head = load_eagle3(tmp_path / "head", target)
+    assert head.lm_head.weight.shape[0] == 96
+    torch.testing.assert_close(head.d2t, training.module.d2t)
+    drafter = Eagle3Drafter(target, Eagle3Config(path=str(tmp_path / "head"), depth=4, top_k=4, total_tokens=16))
+    accepted = []
+    for prompt, seq in zip(prompts_of(target, 8), ids):
+        ref = seq[prompt.numel():]
+        gen = generate(target, drafter, prompt, 24, Sampling())
+        assert gen.output_ids == ref
+        accepted += [s.accepted for s in gen.steps]
+    # trained on exactly these continuations: most steps accept drafts (a random head accepts ~none)
+    assert np.mean(accepted) > 1.0, accepted
+
+
+# --------------------------------------------------------------------------- regeneration
+
+
+def test_regenerate_is_cached_resumable_and_extends(targets, tmp_path):
+    from datasets import Dataset
+
+    from specbench.train.data import conversation_features
+
+    target = targets["tiny-llama"]
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i} " * 3},
+                                         {"role": "assistant", "content": "old answer"}]} for i in range(12)]
+    ds = Dataset.from_list(rows, features=conversation_features())
+    cfg = RegenConfig(max_new_tokens=6, batch_size=4)
+    small, st = regenerate(ds, target, tmp_path, budget_tokens=15, max_length=256, cfg=cfg)
+    assert st.n_generated > 0 and st.loss_tokens >= 15 and st.new_tokens > 0
+    assert all(r["messages"][-1]["content"] != "old answer" for r in small)
+    again, st2 = regenerate(ds, target, tmp_path, budget_tokens=15, max_length=256, cfg=cfg)
+    assert st2.n_generated == 0 and again.to_list() == small.to_list()
+    # a torn last line (an interrupt mid-write) is ignored, and that answer is generated again
+    path = cache_path(tmp_path, target, cfg)
+    path.write_text(path.read_text() + '{"id": "c1", "answ')
+    assert len(RegenCache(path).rows) == st.n_generated
+    bigger, st3 = regenerate(ds, target, tmp_path, budget_tokens=40, max_length=256, cfg=cfg)
+    assert bigger.to_list()[: len(small)] == small.to_list()  # a larger budget extends a smaller one
+    assert st3.n_generated <= len(bigger) - len(small) + 1 + cfg.batch_size
+    assert len(RegenCache(path).rows) == st.n_generated + st3.n_generated  # the torn row was answered again
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def cli(*args):
+    return CliRunner().invoke(app, ["train", *args])
+
+
+TINY_CLI = ["--target", "tiny-llama", "--data", "mbpp-train", "--budget-tokens", "1200", "--heldout-tokens", "200",
+            "--set", "epochs=1", "--set", "batch_tokens=512", "--set", "draft_vocab_size=64", "--set", "ttt_steps=3"]
+
+
+def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
+    out = tmp_path / "head"
+    res = cli(*TINY_CLI, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["finished"] and summary["train_loss_tokens"] >= 1200 and summary["steps"] > 0
+    assert set(summary["heldout"]) >= {"acc_0", "acc_1", "acc_2", "loss_0"}
+    head = load_eagle3(out, targets["tiny-llama"])
+    assert next(head.parameters()).dtype == torch.float32  # saved in fp16, loaded in the target's dtype
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("fc.weight").dtype == torch.float16
+    # rerunning the finished command resumes at the end: nothing more is trained
+    res = cli(*TINY_CLI, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    again = json.loads((out / "training.json").read_text())
+    assert again["resumed_from_step"] == summary["steps"] == again["steps"]
+    # other settings in the same directory: one line, exit 2
+    res = cli(*[a if a != "1200" else "1500" for a in TINY_CLI], "--out", str(out))
+    assert res.exit_code == 2 and "other settings (budget_tokens)" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--drafter", "ngram"], "has no training recipe"),
+    (["--set", "nope=1"], "unknown --set key 'nope'"),
+    (["--set", "lr=-1"], "invalid drafter options"),
+    (["--data", "wikipedia"], "unknown training set 'wikipedia'"),
+    (["--budget-tokens", "0"], "must be positive"),
+])
+def test_cli_train_user_errors(tmp_path, wide_console, args, words):
+    res = cli("--target", "tiny-llama", "--out", str(tmp_path / "o"), *args)
+    assert res.exit_code == 2, res.output
+    assert words in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_train_out_is_a_file(tmp_path, wide_console):
+    f = tmp_path / "f"
+    f.write_text("x")
+    res = cli("--target", "tiny-llama", "--out", str(f))
+    assert res.exit_code == 2 and "is a file" in res.output
+
+
+def test_collate_pads_and_reads_cache(targets, tmp_path):
+    target = targets["tiny-llama"]
+    ids, masks = [[1, 2, 3], [4, 5, 6, 7, 8]], [[0, 1, 1], [0, 0, 1, 1, 1]]
+    training = Eagle3Training(target, Eagle3Recipe(**TINY_RECIPE), ids, masks)
+    data = tokenized_set(target, training, ids, masks, tmp_path)
+    batch = collate(data, [0, 1])
+    assert batch.tokens.shape == (2, 5) and batch.valid.sum() == 8 and batch.loss_mask.sum() == 5
+    assert batch.hidden.shape == (2, 5, len(training.cache_layers), target.hidden_size)
+    assert torch.equal(batch.hidden[0, 3:], torch.zeros_like(batch.hidden[0, 3:]))
