@@ -191,7 +191,7 @@ def train(
     drafter: str = typer.Option("eagle3", "--drafter", "-d", help="a learned drafter (see `specbench drafters`)"),
     target: str = typer.Option("smollm2-135m", "--target", help="alias, local model directory or hub id"),
     data: str = typer.Option("all", "--data", help="comma-separated built-in training sets, or all (see `specbench train-sets`)"),
-    budget_tokens: int = typer.Option(60_000, "--budget-tokens", help="assistant tokens of training data (same for every drafter)"),
+    budget_tokens: int = typer.Option(20_000, "--budget-tokens", help="assistant tokens of training data (same for every drafter)"),
     heldout_tokens: int = typer.Option(6_000, "--heldout-tokens", help="assistant tokens of held-out data"),
     regenerate: Optional[bool] = typer.Option(None, "--regenerate/--no-regenerate",
                                               help="train on answers the target writes itself (default: the recipe's)"),

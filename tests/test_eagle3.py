@@ -78,7 +78,7 @@ def fit_head(target, sequences: list[torch.Tensor], draft_vocab_size: int, steps
     DraftContexts, so drafts are right (and accepted) only if both pairings agree. The draft vocab
     is the most frequent target choices, so d2t / t2d matter.
     """
-    drafter = Eagle3Drafter(target, Eagle3Config(draft_vocab_size=draft_vocab_size, seed=3))
+    drafter = Eagle3Drafter(target, Eagle3Config(path="random", draft_vocab_size=draft_vocab_size, seed=3))
     head = drafter.head
     embed = target.model.get_input_embeddings()
     rows_emb, rows_feat, rows_label, rows_pos, rows_seq = [], [], [], [], []
@@ -199,7 +199,7 @@ def check_committed_rows(drafter: Eagle3Drafter, target, output_ids: list[int], 
 @pytest.mark.parametrize("name,draft_vocab", [("tiny-llama", 0), ("tiny-qwen3", 100)])
 def test_random_head_greedy_lossless(setups, name, draft_vocab):
     setup = setups[name]
-    drafter = Eagle3Drafter(setup.target, Eagle3Config(draft_vocab_size=draft_vocab, **MEDIUM))
+    drafter = Eagle3Drafter(setup.target, Eagle3Config(path="random", draft_vocab_size=draft_vocab, **MEDIUM))
     for i, (prompt, ref) in enumerate(zip(setup.prompts, setup.reference)):
         gen = run(setup.target, drafter, prompt)
         assert gen.output_ids == ref, f"prompt {i}"
@@ -222,7 +222,7 @@ def test_fitted_head_lossless_and_accepts(setups, fitted_dir):
 @pytest.mark.parametrize("fitted", [False, True])
 def test_trees_equal_slow_twin(setups, fitted_dir, fitted):
     setup = setups["tiny-llama"]
-    config = Eagle3Config(path=str(fitted_dir) if fitted else "", draft_vocab_size=0 if fitted else 100, **SMALL)
+    config = Eagle3Config(path=str(fitted_dir) if fitted else "random", draft_vocab_size=0 if fitted else 100, **SMALL)
     drafter = Eagle3Drafter(setup.target, config)
     recording = Recording(drafter)
     accepted = 0
@@ -238,7 +238,7 @@ def test_trees_equal_slow_twin(setups, fitted_dir, fitted):
 
 def test_sampled_generation_runs(setups):
     for name, setup in setups.items():
-        drafter = Eagle3Drafter(setup.target, Eagle3Config(draft_vocab_size=64, **SMALL))
+        drafter = Eagle3Drafter(setup.target, Eagle3Config(path="random", draft_vocab_size=64, **SMALL))
         for seed, prompt in enumerate(setup.prompts[:2]):
             sampling = Sampling(temperature=1.0, top_p=0.95, generator=torch.Generator().manual_seed(seed))
             gen = run(setup.target, drafter, prompt, max_new=16, sampling=sampling)
@@ -258,7 +258,7 @@ def first_context(target, prompt: torch.Tensor, layers) -> DraftContext:
 @pytest.mark.parametrize("depth,top_k,total", [(7, 10, 60), (3, 3, 10), (2, 2, 100), (1, 5, 60), (5, 1, 60)])
 def test_tree_shape(setups, depth, top_k, total):
     setup = setups["tiny-qwen3"]
-    drafter = Eagle3Drafter(setup.target, Eagle3Config(depth=depth, top_k=top_k, total_tokens=total, draft_vocab_size=50))
+    drafter = Eagle3Drafter(setup.target, Eagle3Config(path="random", depth=depth, top_k=top_k, total_tokens=total, draft_vocab_size=50))
     drafter.reset(Sampling())
     tree = drafter.propose(first_context(setup.target, setup.prompts[0], drafter.feature_layers))
     candidates = top_k + (depth - 1) * top_k * top_k
@@ -355,7 +355,7 @@ def test_registered_and_configurable():
 
 
 def test_state_dict_keys_are_upstream(setups):
-    head = Eagle3Drafter(setups["tiny-llama"].target, Eagle3Config()).head
+    head = Eagle3Drafter(setups["tiny-llama"].target, Eagle3Config(path="random")).head
     assert set(head.state_dict()) == UPSTREAM_KEYS
     assert head.fc.weight.shape == (64, 3 * 64) and head.midlayer.self_attn.q_proj.weight.shape[1] == 128
 
@@ -368,7 +368,7 @@ def test_default_feature_layers():
 def test_save_load_round_trip(setups, tmp_path):
     setup = setups["tiny-qwen3"]
     target = setup.target
-    first = Eagle3Drafter(target, Eagle3Config(draft_vocab_size=120, seed=7, **SMALL))
+    first = Eagle3Drafter(target, Eagle3Config(path="random", draft_vocab_size=120, seed=7, **SMALL))
     save_eagle3(first.head, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
@@ -477,7 +477,7 @@ def test_mismatches_refused(setups, tmp_path):
     upstream_checkpoint(tmp_path / "no-fc", drop=("fc.weight",))
     assert_refused(tmp_path / "no-fc", target, "fc.weight")
     # a recorded layer count and taps beyond the target's depth
-    save_eagle3(Eagle3Drafter(target, Eagle3Config()).head, tmp_path / "layers")
+    save_eagle3(Eagle3Drafter(target, Eagle3Config(path="random")).head, tmp_path / "layers")
     cfg_path = tmp_path / "layers" / "config.json"
     config = json.loads(cfg_path.read_text())
     config["specbench"]["target_num_hidden_layers"] = 8
@@ -513,7 +513,7 @@ def test_one_token_prompt(setups):
     setup = setups["tiny-llama"]
     prompt = setup.prompts[0][:1]
     ref = run(setup.target, ARDrafter(setup.target), prompt, max_new=8).output_ids
-    gen = run(setup.target, Eagle3Drafter(setup.target, Eagle3Config(**SMALL)), prompt, max_new=8)
+    gen = run(setup.target, Eagle3Drafter(setup.target, Eagle3Config(path="random", **SMALL)), prompt, max_new=8)
     assert gen.output_ids == ref and gen.steps[0].tree_size == 1 and gen.steps[1].tree_size == 16
 
 

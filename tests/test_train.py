@@ -322,3 +322,11 @@ def test_collate_pads_and_reads_cache(targets, tmp_path):
     assert batch.tokens.shape == (2, 5) and batch.valid.sum() == 8 and batch.loss_mask.sum() == 5
     assert batch.hidden.shape == (2, 5, len(training.cache_layers), target.hidden_size)
     assert torch.equal(batch.hidden[0, 3:], torch.zeros_like(batch.hidden[0, 3:]))
+
+
+def test_run_eagle3_without_a_head_for_the_target_is_one_line(tmp_path, wide_console):
+    res = CliRunner().invoke(app, ["run", "--drafter", "eagle3", "--target", "tiny-llama", "--limit", "1",
+                                   "--out", str(tmp_path / "r.parquet")])
+    assert res.exit_code == 2, res.output
+    assert "no trained EAGLE-3 head ships for target 'tiny-llama'" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "r.parquet").exists()

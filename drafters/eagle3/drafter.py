@@ -35,6 +35,8 @@ verifier's point-mass rule keeps temperature > 0 lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -43,12 +45,15 @@ from drafters.eagle3.checkpoint import load_eagle3
 from drafters.eagle3.model import Eagle3Head, KVCache, default_feature_layers, random_head
 from drafters.eagle3.tree import DynamicTreeBuilder
 from specbench.drafter import DraftContext, Sampling
+from specbench.errors import UserError
 from specbench.tree import DraftTree, root_only
 
 
 @dataclass(frozen=True)
 class Eagle3Config:
-    path: str = ""  # checkpoint directory (config.json + model.safetensors); "" = seeded random init (tests)
+    # "auto" = the head shipped for this target (drafters/checkpoints/eagle3-<target>); "random" = a
+    # seeded random-init head (tests); anything else = a checkpoint directory (config.json + weights)
+    path: str = "auto"
     depth: int = 7  # deepest draft = head forwards per round
     top_k: int = 10  # children per frontier node, and frontier width
     total_tokens: int = 60  # tree budget INCLUDING the root (upstream total_token convention)
@@ -62,16 +67,28 @@ class Eagle3Config:
             raise ValueError("draft_vocab_size must be >= 0")
 
 
+def shipped_head(target_name: str) -> Path:
+    """The trained head that ships for ``target_name`` (package data), or a one-line UserError."""
+    folder = f"eagle3-{target_name}"
+    resource = files("drafters").joinpath("checkpoints", folder)
+    if not resource.joinpath("config.json").is_file():
+        raise UserError(
+            f"no trained EAGLE-3 head ships for target '{target_name}'; train one with `specbench train --drafter eagle3 "
+            f"--target {target_name} --out DIR` and pass --drafter-path DIR (or --set path=random for an untrained head)"
+        )
+    return Path(str(resource))
+
+
 class Eagle3Drafter:
     description = "EAGLE-3: one-layer head on fused target features, dynamic top-k tree (--drafter-path CKPT)"
     Config = Eagle3Config
 
     def __init__(self, target, config: Eagle3Config | None = None):
         self.config = config or Eagle3Config()
-        if self.config.path:
-            self.head: Eagle3Head = load_eagle3(self.config.path, target)
+        if self.config.path == "random":
+            self.head: Eagle3Head = random_head(target, draft_vocab_size=self.config.draft_vocab_size, seed=self.config.seed)
         else:
-            self.head = random_head(target, draft_vocab_size=self.config.draft_vocab_size, seed=self.config.seed)
+            self.head = load_eagle3(shipped_head(target.name) if self.config.path == "auto" else self.config.path, target)
         self.feature_layers: tuple[int, ...] = tuple(
             self.head.config.feature_layers or default_feature_layers(target.num_layers)
         )

@@ -28,7 +28,7 @@ from specbench.drafter import UserError, drafter_class, parse_config
 from specbench.train.data import TRAIN_SETS
 
 JOB_FILE = "training.json"
-DEFAULT_BUDGET_TOKENS = 60_000
+DEFAULT_BUDGET_TOKENS = 20_000
 DEFAULT_HELDOUT_TOKENS = 6_000
 
 
