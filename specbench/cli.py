@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -209,6 +210,9 @@ def train(
         out=out, device=device,
     )
     pipeline.validate(job)
+    import datasets
+
+    datasets.disable_progress_bars()  # the rich display below shows every stage
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
@@ -229,7 +233,9 @@ def train(
                     label += f" · held-out acc_0 {h.get('acc_0', float('nan')):.2f}"
             bar.update(tasks[p.stage], completed=p.done, total=p.total, label=label)
 
-        summary = pipeline.run_training(job, lambda j: load_target(j.target, j.device, "float32"), progress)
+        command = "specbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        summary = pipeline.run_training(job, lambda j: load_target(j.target, j.device, "float32"), progress,
+                                        command=command)
 
     held = summary["heldout"]
     table = Table(title=f"{drafter} for {target}: held-out metrics after {summary['steps']} steps")

@@ -272,6 +272,8 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     res = cli(*TINY_CLI, "--out", str(out))
     assert res.exit_code == 0, res.output
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    card = (out / "TRAINING.md").read_text()
+    assert "## Command" in card and "| 1 |" in card and "mbpp-train" in card
     summary = json.loads((out / "training.json").read_text())
     assert summary["finished"] and summary["train_loss_tokens"] >= 1200 and summary["steps"] > 0
     assert set(summary["heldout"]) >= {"acc_0", "acc_1", "acc_2", "loss_0"}

@@ -1,0 +1,66 @@
+"""tau against training data for EAGLE-3 heads: `python reports/eagle3_curve.py RUN_DIR=RESULTS.parquet ...`
+
+Each argument pairs a `specbench train --out` directory (its training.json gives the data budget,
+whether the answers were regenerated, and the held-out accuracies) with the `specbench run` result
+of that head (its AR baseline is looked up in results/eagle3). Writes reports/figures/eagle3-tau-vs-training-tokens.png and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specbench import report, results  # noqa: E402
+
+
+def main(pairs: list[str], baseline_dir: str = "results/eagle3") -> None:
+    rows = []
+    for pair in pairs:
+        run_dir, parquet = pair.split("=", 1)
+        summary = json.loads((Path(run_dir) / "training.json").read_text())
+        df = results.read_results([Path(parquet)])
+        baseline = report.find_baseline(Path(baseline_dir), df.iloc[0].to_dict())
+        pairs_df = report.pair_with_baseline(df, baseline)
+        rows.append({
+            "head": Path(run_dir).name,
+            "regenerate": summary["job"]["regenerate"],
+            "budget": summary["job"]["budget_tokens"],
+            "epochs": summary["job"]["recipe"]["epochs"],
+            "tokens_seen": summary["tokens_seen"],
+            "acc_0": summary["heldout"]["acc_0"],
+            "acc_2": summary["heldout"]["acc_2"],
+            "tau": report.tau_micro(df),
+            "speedup": report.speedups(pairs_df).get("decode_speedup_sum", float("nan")),
+            "lossless": report.lossless(pairs_df),
+        })
+    print("| head | regenerated | assistant tokens | epochs | held-out acc@1 | acc@3 | tau (humaneval) | decode speedup | lossless |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['head']} | {'yes' if r['regenerate'] else 'no'} | {r['budget']:,} | {r['epochs']} | {r['acc_0']:.3f} | "
+              f"{r['acc_2']:.3f} | {r['tau']:.2f} | {r['speedup']:.2f}x | {r['lossless']} |")
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for regen, marker, label in ((True, "o", "target-regenerated answers"), (False, "s", "original answers")):
+        pts = sorted((r["budget"], r["tau"]) for r in rows if bool(r["regenerate"]) == regen)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("training data (assistant tokens, log scale)")
+    ax.set_ylabel("tau on humaneval (micro)")
+    ax.set_title("EAGLE-3 head for smollm2-135m: tau vs training data", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out = Path("reports/figures/eagle3-tau-vs-training-tokens.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=150)
+    print(f"\nfigure: {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
