@@ -176,15 +176,15 @@ def test_plan_batches_deterministic_and_complete():
 def test_training_lowers_loss_and_resume_is_exact(targets, tmp_path):
     target = targets["tiny-llama"]
     ids, masks = self_distilled(target, 8)
-    recipe = Eagle3Recipe(**TINY_RECIPE)
+    recipe = Eagle3Recipe(**{**TINY_RECIPE, "epochs": 8})
     training = Eagle3Training(target, recipe, ids, masks)
     data = tokenized_set(target, training, ids, masks, tmp_path / "features")
     before = evaluate(training, data)
     whole = train(training, data, data, tmp_path / "whole", "k")
     after = evaluate(training, data)
-    assert whole.steps == sum(len(plan_batches([len(x) for x in ids], 256, 0, e)) for e in range(4))
-    # soft CE against a random tiny target is bounded below by its (high) entropy: a 15% drop is real
-    assert after["loss_0"] < 0.85 * before["loss_0"], (before, after)
+    assert whole.steps == sum(len(plan_batches([len(x) for x in ids], 256, 0, e)) for e in range(8))
+    # soft CE against a random tiny target is bounded below by its (high, ~4 nats) entropy
+    assert after["loss_0"] < before["loss_0"] - 0.3, (before, after)
     assert after["acc_0"] > before["acc_0"] + 0.15, (before, after)
     log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, whole.steps + 1))
@@ -332,3 +332,24 @@ def test_run_eagle3_without_a_head_for_the_target_is_one_line(tmp_path, wide_con
     assert res.exit_code == 2, res.output
     assert "no trained EAGLE-3 head ships for target 'tiny-llama'" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "r.parquet").exists()
+
+
+def test_shipped_smollm2_head_is_package_data():
+    """The trained default head ships in the released layout, fp16, at most 16 MB, with its card."""
+    from safetensors import safe_open
+
+    from drafters.eagle3.drafter import shipped_head
+
+    path = shipped_head("smollm2-135m")
+    cfg = json.loads((path / "config.json").read_text())
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]) == (49152, 576, 1)
+    assert cfg["specbench"]["target_num_hidden_layers"] == 30
+    assert (path / "model.safetensors").stat().st_size <= 16 * 2**20
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_tensor(k).dtype for k in f.keys()}
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    assert all(dt == torch.float16 for k, dt in dtypes.items() if k not in ("d2t", "t2d")), dtypes
+    ids = torch.arange(d2t.numel()) + d2t
+    assert int(t2d.sum()) == d2t.numel() == cfg["draft_vocab_size"] and bool(t2d[ids].all())
+    card = (path / "TRAINING.md").read_text()
+    assert "specbench train" in card and "## Final held-out metrics" in card
