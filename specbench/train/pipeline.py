@@ -187,7 +187,7 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     result = train(trainable, train_set, held_set, job.out, data_key, device,
                    on_step=lambda r: report(Progress("train", r.step, r.total_steps, {"report": r})),
                    stop_after=stop_after)
-    done = result.steps >= _total_steps(trainable, train_set)
+    done = result.steps >= result.total_steps
     if done:
         trainable.save(job.out)
     summary = {
@@ -284,14 +284,6 @@ def training_card(summary: dict) -> str:
     for d in sorted(int(k[4:]) for k in held if k.startswith("acc_")):
         lines.append(f"| {d + 1} | {held[f'acc_{d}']:.3f} | {held[f'loss_{d}']:.3f} |")
     return "\n".join(lines) + "\n"
-
-
-def _total_steps(trainable, data) -> int:
-    from specbench.train.trainer import plan_batches
-
-    r = trainable.recipe
-    lengths = [len(x) for x in data.input_ids]
-    return sum(len(plan_batches(lengths, r.batch_tokens, r.seed, e)) for e in range(r.epochs))
 
 
 __all__ = ["TrainJob", "Progress", "run_training", "validate", "trainer_of", "JOB_FILE"]

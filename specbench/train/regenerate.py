@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specbench.train.data import _column, _unit_hash, render_messages, tokenize_conversation, tokenizer_digest
+from specbench.train.data import (
+    _column, _unit_hash, conversation_features, render_messages, tokenize_conversation, tokenizer_digest,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -158,8 +161,6 @@ def regenerate(
     length used to count loss tokens, as the trainer will cut them. ``progress(done, total)`` is
     called with loss tokens gathered so far.
     """
-    import time
-
     from datasets import Dataset
 
     cache = RegenCache(cache_path(cache_dir, target, cfg))
@@ -227,8 +228,6 @@ def regenerate(
             n_unfinished += not answer["finished"]
         if progress is not None:
             progress(min(loss_tokens, budget_tokens), budget_tokens)
-
-    from specbench.train.data import conversation_features
 
     out = Dataset.from_list(chosen, features=conversation_features()) if chosen else Dataset.from_dict(
         {"id": [], "messages": []}, features=conversation_features())

@@ -108,6 +108,7 @@ class StepReport:
 @dataclass(frozen=True)
 class TrainResult:
     steps: int
+    total_steps: int  # steps of the whole schedule (steps == total_steps: finished)
     seconds: float  # wall time of this call (a resumed run counts only its own part)
     train_tokens_seen: int  # valid tokens passed through the model over all steps (all epochs)
     heldout: dict[str, float]  # the final held-out metrics
@@ -281,7 +282,7 @@ def train(
             save_state()  # interrupted between checkpoints: keep what was done
     if not heldout_metrics:
         heldout_metrics = evaluate(trainable, heldout, device)
-    return TrainResult(step, time.perf_counter() - start, tokens_seen, heldout_metrics, resumed_from)
+    return TrainResult(step, total_steps, time.perf_counter() - start, tokens_seen, heldout_metrics, resumed_from)
 
 
 __all__ = ["TrainRecipe", "Batch", "Trainable", "TokenizedSet", "StepReport", "TrainResult", "plan_batches",
