@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from drafters.nn import RMSNorm, rotate_half
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
@@ -250,26 +252,6 @@ class KVCache:
 
 
 # --------------------------------------------------------------------------- layers
-
-
-class RMSNorm(nn.Module):
-    """Llama RMSNorm: normalise in fp32, scale by ``weight`` in the input dtype."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 class Eagle3Attention(nn.Module):

@@ -1,0 +1,186 @@
+"""Block drafter checkpoints in the released layouts.
+
+* **DFlash** (z-lab ``*-DFlash*``): a Qwen3-style ``config.json`` with ``block_size``,
+  ``num_target_layers``, ``layer_types`` and ``dflash_config: {mask_token_id, target_layer_ids,
+  block_size}``; ``model.safetensors`` with the keys listed in model.py (no embedding, no lm_head).
+* **JetSpec**: the same keys, with ``dflash_config.causal_head: true`` (we also write the top-level
+  ``is_causal: true`` that z-lab's attention honours, so their code runs the head causally).
+* **TreeFlash** (ETH-DISCO): the backbone keys under a ``model.`` prefix, the correction under
+  ``ar_approximation.{ug.weight, ug.bias, d.weight, norm.weight}``, and
+  ``treeflash_config: {ar_approximation: "swiglu" | null, candidate_tokens}``.
+
+Ours, recorded in ``config.json``: a target with no spare token id gets a learned
+``mask_embedding`` [H] (``dflash_config.mask_token_id: null``, ``specbench.learned_mask_embedding``);
+a TreeFlash correction narrower than ``intermediate_size`` is recorded as
+``treeflash_config.ar_intermediate_size`` (upstream always uses ``intermediate_size``).
+
+Loading refuses, with one line, a checkpoint made for another target (vocab size, hidden size,
+layer count) or whose weights do not match its config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from drafters.block.model import BlockConfig, BlockModel, build_target_layer_ids
+from specbench.errors import UserError
+
+WEIGHTS_NAME = "model.safetensors"
+LAYOUTS = ("dflash", "jetspec", "treeflash")
+_KNOWN = {
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters",
+    "max_position_embeddings", "block_size", "num_target_layers", "layer_types", "dflash_config", "treeflash_config",
+    "is_causal", "specbench", "torch_dtype", "dtype", "tie_word_embeddings", "hidden_act", "attention_bias",
+    "target_hidden_size",
+}
+
+
+def config_dict(cfg: BlockConfig, layout: str) -> dict:
+    """The ``config.json`` of ``cfg`` in ``layout`` (dflash, jetspec or treeflash)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}")
+    out = dict(cfg.extra)
+    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids), "block_size": cfg.block_size}
+    if cfg.causal:
+        dflash["causal_head"] = True
+    arch = {"dflash": "DFlashDraftModel", "jetspec": "DFlashDraftModel", "treeflash": "TreeFlashDraftModel"}[layout]
+    out.update(
+        architectures=[arch], model_type="qwen3", hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.dim_per_head, vocab_size=cfg.vocab_size,
+        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+        rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"},
+        max_position_embeddings=cfg.max_position_embeddings, block_size=cfg.block_size,
+        num_target_layers=cfg.num_target_layers, layer_types=["full_attention"] * cfg.num_hidden_layers,
+        dflash_config=dflash, is_causal=cfg.causal, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+    )
+    if cfg.target_hidden_size not in (None, cfg.hidden_size):
+        out["target_hidden_size"] = cfg.target_hidden_size
+    if layout == "treeflash":
+        tf = {"ar_approximation": cfg.ar_approximation, "candidate_tokens": int(cfg.extra.get("candidate_tokens", 64))}
+        if cfg.ar_intermediate_size not in (None, cfg.intermediate_size):
+            tf["ar_intermediate_size"] = cfg.ar_intermediate_size
+        out["treeflash_config"] = tf
+    if cfg.mask_token_id is None:
+        out["specbench"] = dict(out.get("specbench", {}), learned_mask_embedding=True)
+    return out
+
+
+def config_from_dict(d: dict) -> BlockConfig:
+    """Read a DFlash / JetSpec / TreeFlash ``config.json``. KeyError names a missing key."""
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if key not in d:
+            raise KeyError(key)
+    dflash = d.get("dflash_config") or {}
+    tf = d.get("treeflash_config") or {}
+    n_target = d.get("num_target_layers")
+    layer_ids = dflash.get("target_layer_ids") or d.get("target_layer_ids")
+    if layer_ids is None:
+        if n_target is None:
+            raise KeyError("dflash_config.target_layer_ids")
+        layer_ids = build_target_layer_ids(int(n_target), int(d["num_hidden_layers"]))
+    rope = d.get("rope_parameters") or {}
+    theta = d.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    causal = bool(dflash.get("causal_head", d.get("is_causal") or False))
+    return BlockConfig(
+        hidden_size=int(d["hidden_size"]), intermediate_size=int(d["intermediate_size"]),
+        num_hidden_layers=int(d["num_hidden_layers"]), num_attention_heads=int(d["num_attention_heads"]),
+        num_key_value_heads=int(d.get("num_key_value_heads") or d["num_attention_heads"]), vocab_size=int(d["vocab_size"]),
+        target_layer_ids=tuple(int(i) for i in layer_ids),
+        num_target_layers=int(n_target) if n_target is not None else max(layer_ids) + 3,
+        block_size=int(d.get("block_size") or dflash.get("block_size") or 16), head_dim=d.get("head_dim"),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        max_position_embeddings=int(d.get("max_position_embeddings") or 8192),
+        target_hidden_size=d.get("target_hidden_size"), mask_token_id=dflash.get("mask_token_id", d.get("mask_token_id")),
+        causal=causal, ar_approximation=tf.get("ar_approximation"), ar_intermediate_size=tf.get("ar_intermediate_size"),
+        extra={k: v for k, v in d.items() if k not in _KNOWN} | ({"candidate_tokens": tf["candidate_tokens"]} if "candidate_tokens" in tf else {}),
+    )
+
+
+def state_dict_for(model: BlockModel, layout: str) -> dict[str, torch.Tensor]:
+    """The model's weights under ``layout``'s key names."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if layout != "treeflash":
+        if any(k.startswith("ar_approximation.") for k in state):
+            raise ValueError(f"a {layout} checkpoint has no ar_approximation; save it in the treeflash layout")
+        return state
+    return {(k if k.startswith("ar_approximation.") else f"model.{k}"): v for k, v in state.items()}
+
+
+def save_block(model: BlockModel, path: str | Path, layout: str) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` of ``model`` into directory ``path``."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    config = config_dict(model.config, layout)
+    config["torch_dtype"] = str(model.fc.weight.dtype).removeprefix("torch.")
+    tensors = state_dict_for(model, layout)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    return out
+
+
+def load_block(path: str | Path, target, family: str) -> BlockModel:
+    """Load the block drafter in ``path`` for ``target`` (on its device and dtype).
+
+    ``family`` names the drafter asking (for messages and the causal check).
+    """
+    src = Path(path).expanduser()
+    where = f"{family} checkpoint '{src}'"
+    if not src.is_dir():
+        raise UserError(f"{where} is not a directory; pass the folder holding config.json and {WEIGHTS_NAME}")
+    if not (src / "config.json").exists():
+        raise UserError(f"{where} has no config.json")
+    try:
+        cfg = config_from_dict(json.loads((src / "config.json").read_text()))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: config.json is not valid JSON ({exc})") from None
+    except KeyError as exc:
+        raise UserError(f"{where}: config.json lacks '{exc.args[0]}'") from None
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{where}: invalid config.json ({exc})") from None
+
+    made_for = f"{where} was made for a different target:"
+    if cfg.vocab_size != target.vocab_size:
+        raise UserError(f"{made_for} vocab_size {cfg.vocab_size}, but target '{target.name}' has {target.vocab_size}")
+    if cfg.feature_size != target.hidden_size:
+        raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
+    if cfg.num_target_layers != target.num_layers:
+        raise UserError(f"{made_for} {cfg.num_target_layers} layers, but target '{target.name}' has {target.num_layers}")
+    if not all(0 <= i < target.num_layers for i in cfg.target_layer_ids):
+        raise UserError(f"{where} taps layers {list(cfg.target_layer_ids)}, which target '{target.name}' does not have")
+    embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
+    if cfg.hidden_size != embed_dim:
+        raise UserError(f"{where} has hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
+    if cfg.mask_token_id is not None and not 0 <= int(cfg.mask_token_id) < target.vocab_size:
+        raise UserError(f"{where}: mask_token_id {cfg.mask_token_id} is outside the target's vocabulary")
+
+    try:
+        state = dict(load_file(str(src / WEIGHTS_NAME)))
+    except FileNotFoundError:
+        raise UserError(f"{where} has no {WEIGHTS_NAME}") from None
+    except Exception as exc:  # noqa: BLE001 - a corrupt file becomes one line
+        raise UserError(f"{where}: could not read {WEIGHTS_NAME} ({type(exc).__name__})") from None
+    if any(k.startswith("model.") for k in state):  # the TreeFlash layout
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    model = BlockModel(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise UserError(f"{where} lacks weights: {', '.join(missing[:5])}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise UserError(f"{where} holds weights a block drafter with this config.json does not have: {', '.join(unexpected[:5])}")
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
+    model.load_state_dict(state, strict=True)
+    return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+__all__ = ["save_block", "load_block", "config_dict", "config_from_dict", "state_dict_for", "LAYOUTS", "WEIGHTS_NAME"]

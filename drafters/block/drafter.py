@@ -1,0 +1,249 @@
+"""The three block drafters: ``dflash``, ``jetspec`` and ``treeflash``.
+
+They share the backbone (model.py) and this ``propose``; they differ only in the attention mask
+inside the block (the checkpoint's ``causal`` flag) and in the tree they build from the one
+forward's scores (:meth:`_BlockDrafter.build_tree`).
+
+One ``propose``, one backbone forward (``DraftTree.n_forwards`` = 1; TreeFlash's batched
+correction pass counts as a second):
+
+1. the newly committed tokens' target features become context rows (the row of token x[p] is the
+   target's state at position p-1: DraftContext.features), appended to every layer's context cache
+   at their own positions; the first token of a sequence has no row. Rows of rejected drafts were
+   never added (the tree's features are not the drafter's), so nothing is rolled back;
+2. the block [root, MASK x (B-1)] at positions pos..pos+B-1 runs through the layers;
+3. position d's logits (the target's lm_head on the final-normed state) score depth d.
+
+Budgets COUNT THE ROOT everywhere (a tree of ``budget`` nodes is verified), as JetSpec's
+``budget`` and TreeFlash's ``tree_size`` do. Children are chosen deterministically (argmax, top-k,
+best-first), so ``draft_probs`` is None and the verifier's point-mass rule keeps sampling lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from drafters.block.checkpoint import load_block
+from drafters.block.model import BlockModel, ContextCache, random_block_model
+from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
+from specbench.drafter import DraftContext, Sampling
+from specbench.errors import UserError
+from specbench.tree import DraftTree
+
+
+def shipped_checkpoint(family: str, target_name: str) -> Path:
+    """The trained drafter of ``family`` that ships for ``target_name`` (package data), or a UserError."""
+    resource = files("drafters").joinpath("checkpoints", f"{family}-{target_name}")
+    if not resource.joinpath("config.json").is_file():
+        raise UserError(
+            f"no trained {family} drafter ships for target '{target_name}'; train one with `specbench train --drafter "
+            f"{family} --target {target_name} --out DIR` and pass --drafter-path DIR (or --set path=random for an untrained one)"
+        )
+    return Path(str(resource))
+
+
+@dataclass(frozen=True)
+class _Common:
+    # "auto" = the drafter shipped for this target; "random" = seeded random init (tests); else a directory
+    path: str = "auto"
+    seed: int = 0  # random init only
+    num_layers: int = 2  # random init only: drafter layers (= tapped target layers)
+    block_size: int = 16  # random init only
+
+
+class _BlockDrafter:
+    family = "block"
+    causal = False  # random init: JetSpec's causal block
+    ar_approximation: str | None = None  # random init: TreeFlash's correction
+
+    def __init__(self, target, config):
+        self.config = config
+        if config.path == "random":
+            self.model: BlockModel = random_block_model(
+                target, seed=config.seed, num_hidden_layers=config.num_layers, block_size=config.block_size,
+                causal=self.causal, ar_approximation=self.ar_approximation,
+                ar_intermediate_size=getattr(config, "ar_intermediate_size", None) or None)
+        else:
+            src = shipped_checkpoint(self.family, target.name) if config.path == "auto" else config.path
+            self.model = load_block(src, target, self.family)
+        self.check_model(self.model)
+        self.feature_layers: tuple[int, ...] = self.model.config.feature_layers
+        self.embed = target.model.get_input_embeddings().weight  # the target's, never copied
+        self.lm_head = target.model.get_output_embeddings().weight
+        self.reset(Sampling())
+
+    def check_model(self, model: BlockModel) -> None:
+        """Refuse a checkpoint this family cannot run (one line)."""
+
+    @classmethod
+    def trainer(cls):
+        """The trainable for `specbench train` (imported on demand)."""
+        from drafters.block import train
+
+        return getattr(train, f"{cls.Config.__name__.removesuffix('Config')}Training")
+
+    def reset(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.cache = ContextCache(self.model.config.num_hidden_layers)
+        self.n_context = 0  # context rows cached (row p = the target's state at position p)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        model = self.model
+        device = ctx.tokens.device
+        m = ctx.tokens.numel()
+        root = int(ctx.tokens[-1])
+        first = ctx.pos - m + 1  # absolute position of ctx.tokens[0]
+        skip = 1 if first == 0 else 0  # token 0 has no predecessor state
+        if first + skip - 1 != self.n_context and skip < m:
+            raise RuntimeError(f"{self.family}: context cache holds {self.n_context} rows but new rows start at {first + skip - 1}")
+        dtype = model.fc.weight.dtype
+        context = model.context(ctx.features[skip:].to(dtype))  # [m - skip, H]
+        ctx_pos = torch.arange(first + skip - 1, ctx.pos, device=device)
+        block = model.block_embeds(self.embed[root].to(dtype), self.embed)
+        b = model.config.block_size
+        hidden = model.forward_block(block, torch.arange(ctx.pos, ctx.pos + b, device=device), context, ctx_pos, self.cache)
+        self.n_context += context.shape[0]
+        return self.build_tree(root, hidden)
+
+    def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
+        raise NotImplementedError
+
+    def depth_logits(self, hidden: Tensor) -> Tensor:
+        """[B-1, V] float32 logits of depths 1..B-1."""
+        return self.model.logits(hidden[1:], self.lm_head).float()
+
+
+# --------------------------------------------------------------------------- DFlash
+
+
+@dataclass(frozen=True)
+class DFlashConfig(_Common):
+    tree: str = "chain"  # chain (DFlash) or marginal (best-first over the per-depth marginals: DDTree)
+    budget: int = 16  # nodes including the root (chain: at most block_size)
+    top_k: int = 16  # marginal tree: candidates per depth
+
+    def __post_init__(self) -> None:
+        if self.tree not in ("chain", "marginal"):
+            raise ValueError(f"tree must be 'chain' or 'marginal', got '{self.tree}'")
+        if self.budget < 1 or self.top_k < 1:
+            raise ValueError("budget and top_k must be at least 1")
+
+
+class DFlashDrafter(_BlockDrafter):
+    description = "DFlash: bidirectional block diffusion head, argmax chain or marginal best-first tree (tree=marginal)"
+    Config = DFlashConfig
+    family = "dflash"
+
+    def check_model(self, model: BlockModel) -> None:
+        if model.config.causal:
+            raise UserError(f"{self.family}: this checkpoint has a causal block (a JetSpec head); run it with --drafter jetspec")
+
+    def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
+        logits = self.depth_logits(hidden)
+        if self.config.tree == "chain":
+            return chain_tree(root, logits.cpu(), self.config.budget)
+        top = torch.topk(torch.log_softmax(logits, dim=-1), min(self.config.top_k, logits.shape[-1]), dim=-1)
+        return kbest_tree(root, *marginal_tables(top.indices, top.values), self.config.budget)
+
+
+# --------------------------------------------------------------------------- JetSpec
+
+
+@dataclass(frozen=True)
+class JetSpecConfig(_Common):
+    budget: int = 64  # nodes including the root (upstream: 64 / 128 / 256)
+    width: int = 7  # top-W tokens per depth, shared by every parent at that depth
+    gap_cap: float = 0.0  # fan-out 1 at depths whose top-1/top-2 log-prob gap exceeds this (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.width < 1 or self.gap_cap < 0:
+            raise ValueError("budget and width must be at least 1, gap_cap non-negative")
+
+
+class JetSpecDrafter(_BlockDrafter):
+    description = "JetSpec: causal parallel block head, cumulative-log-prob best-first tree (budget, width)"
+    Config = JetSpecConfig
+    family = "jetspec"
+    causal = True
+
+    def check_model(self, model: BlockModel) -> None:
+        if not model.config.causal:
+            raise UserError(f"{self.family}: this checkpoint has a bidirectional block (a DFlash head; no "
+                            "dflash_config.causal_head); run it with --drafter dflash")
+
+    def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
+        cfg = self.config
+        logp = torch.log_softmax(self.depth_logits(hidden), dim=-1)
+        top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
+        caps = gap_caps(top.values, cfg.gap_cap, cfg.width) if cfg.gap_cap > 0 else None
+        return accum_logp_tree(root, top.indices.cpu(), top.values.cpu(), cfg.budget, caps)
+
+
+# --------------------------------------------------------------------------- TreeFlash
+
+
+@dataclass(frozen=True)
+class TreeFlashConfig(_Common):
+    budget: int = 64  # tree_size: nodes including the root
+    top_m: int = 16  # candidate previous tokens per depth (stage 2 rows)
+    top_k: int = 16  # transitions kept per row
+    ar_approximation: bool = True  # False = ignore the correction: the marginal best-first tree
+    temperature: float = 1.0  # drafter temperature of the tree scores (upstream drafter_temperature)
+    ar_intermediate_size: int = 0  # random init only: correction width (0 = the drafter's intermediate_size)
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.top_m < 1 or self.top_k < 1 or self.temperature <= 0:
+            raise ValueError("budget, top_m and top_k must be at least 1, temperature positive")
+
+
+def transition_tables(model: BlockModel, hidden: Tensor, root_embed: Tensor, embed: Tensor, lm_head: Tensor,
+                      top_m: int, top_k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """TreeFlash stage 2, batched: for every depth d = 1..B-1 and each of the top-m marginal tokens of
+    depth d-1 (the root at depth 1) as the previous token, the top-k next tokens under the corrected
+    logits. Returns tokens, log-probs and next-row indices, each [B-1, m, k] (next row: the index of
+    the token among depth d's top-m candidates, -1 if it is not one, always -1 at the last depth)."""
+    marg = model.logits(hidden[:-1], lm_head)  # [B-1, V]: positions 0..B-2 (row 0 is replaced by the root)
+    m = min(top_m, marg.shape[-1])
+    cand = marg.topk(m, dim=-1).indices  # [B-1, m]
+    prev = embed[cand].to(hidden.dtype)  # [B-1, m, H]
+    prev[0] = root_embed.to(hidden.dtype)
+    h = hidden[1:, None, :].expand(-1, m, -1)  # depth d = block position d
+    logp = torch.log_softmax(model.logits(model.corrected(h, prev), lm_head).float() / temperature, dim=-1)
+    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)  # [B-1, m, k]
+    tokens = top.indices
+    match = tokens[:-1, :, :, None] == cand[1:, None, None, :]  # [B-2, m, k, m]: child among depth d+1's candidates
+    nxt = torch.where(match.any(-1), match.float().argmax(-1), torch.full_like(tokens[:-1], -1))
+    nxt = torch.cat([nxt, torch.full_like(tokens[:1], -1)], dim=0)
+    return tokens.cpu(), top.values.cpu(), nxt.cpu()
+
+
+class TreeFlashDrafter(_BlockDrafter):
+    description = "TreeFlash: bidirectional block head + previous-token MLP, two-stage lazy k-best tree"
+    Config = TreeFlashConfig
+    family = "treeflash"
+    ar_approximation = "swiglu"
+
+    def check_model(self, model: BlockModel) -> None:
+        if model.config.causal:
+            raise UserError(f"{self.family}: this checkpoint has a causal block (a JetSpec head); run it with --drafter jetspec")
+
+    def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
+        cfg = self.config
+        model = self.model
+        if cfg.ar_approximation and model.ar_approximation is not None:
+            tables = transition_tables(model, hidden, self.embed[root], self.embed, self.lm_head, cfg.top_m, cfg.top_k,
+                                       cfg.temperature)
+            return kbest_tree(root, *tables, cfg.budget, n_forwards=2)
+        logits = self.depth_logits(hidden)
+        top = torch.topk(torch.log_softmax(logits / cfg.temperature, dim=-1), min(cfg.top_k, logits.shape[-1]), dim=-1)
+        return kbest_tree(root, *marginal_tables(top.indices, top.values), cfg.budget)
+
+
+__all__ = ["DFlashDrafter", "DFlashConfig", "JetSpecDrafter", "JetSpecConfig", "TreeFlashDrafter", "TreeFlashConfig",
+           "transition_tables", "shipped_checkpoint"]

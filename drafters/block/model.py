@@ -1,0 +1,373 @@
+"""The shared block backbone of DFlash, JetSpec and TreeFlash (z-lab/dflash ``dflash/model.py``).
+
+One drafter forward turns a block ``[root, MASK x (B-1)]`` into B hidden states; positions
+1..B-1 give the drafts for depths 1..B-1 through the TARGET's ``lm_head``. Parameter names are the
+released ones, so a ``state_dict`` is a z-lab DFlash checkpoint's key set::
+
+    fc.weight                                   [H, k * Ht]  the k tapped target layers -> H (no bias)
+    hidden_norm.weight                          [H]          RMSNorm of the context stream
+    layers.{i}.input_layernorm.weight           [H]
+    layers.{i}.self_attn.{q,k,v,o}_proj.weight               Qwen3 attention (no bias)
+    layers.{i}.self_attn.{q_norm,k_norm}.weight [head_dim]   per-head RMSNorm of queries / keys
+    layers.{i}.post_attention_layernorm.weight  [H]
+    layers.{i}.mlp.{gate,up,down}_proj.weight                SwiGLU MLP
+    norm.weight                                 [H]          final norm before the target's lm_head
+
+plus, when present: ``mask_embedding`` [H] (ours: a learned mask embedding for targets with no
+spare token id; upstream uses a reserved id of the target's embedding) and TreeFlash's
+``ar_approximation.{ug.weight, ug.bias, d.weight, norm.weight}``.
+
+Context injection (every layer): the context stream ``c = hidden_norm(fc(features))`` is not
+updated by the layers; in layer l its keys/values are ``k_proj_l(c)``, ``v_proj_l(c)`` (the same
+projections as the block's, with ``k_norm`` and RoPE at the context rows' own positions). Queries
+come from the block only. A block query sees the context rows strictly before the root plus
+the block keys: all of them (DFlash, TreeFlash: bidirectional) or those at or before its own
+position (JetSpec: causal).
+
+Positions. Context row p is the target's hidden state at position p (its output on token x[p]);
+the root x[L-1] sits at block position 0 = absolute position L-1, block position k at L-1+k.
+
+State. The module holds no run state: a :class:`ContextCache` owned by the drafter keeps each
+layer's context keys/values, and grows by the committed tokens' rows every round. The block's own
+keys are never cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from drafters.nn import RMSNorm, rotate_half
+
+
+def build_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
+    """Upstream's taps: layer OUTPUT ids spread evenly from 1 to N-3 (Qwen3-8B, 5 taps: 1, 9, 17, 25, 33)."""
+    if num_taps == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, max(num_target_layers - 3, 1)
+    return tuple(int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps))
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Shape and options of a block drafter (its ``config.json``)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # the target's (the drafter decodes with the target's lm_head)
+    target_layer_ids: tuple[int, ...]  # layer OUTPUT ids (HF hidden_states index id + 1)
+    num_target_layers: int
+    block_size: int = 16
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    target_hidden_size: int | None = None  # None = hidden_size
+    mask_token_id: int | None = None  # None = a learned ``mask_embedding`` (no spare id in the target)
+    causal: bool = False  # JetSpec's causal block mask (``dflash_config.causal_head``)
+    ar_approximation: str | None = None  # TreeFlash: "swiglu" or None
+    ar_intermediate_size: int | None = None  # TreeFlash MLP width; None = intermediate_size (upstream)
+    extra: dict = field(default_factory=dict, compare=False)  # other config.json keys, kept on save
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError("block_size must be at least 2 (the root plus one draft)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer")
+        if self.ar_approximation not in (None, "swiglu"):
+            raise ValueError(f"ar_approximation must be 'swiglu' or null, got {self.ar_approximation!r}")
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def feature_size(self) -> int:
+        return self.target_hidden_size or self.hidden_size
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """HF ``hidden_states`` indices of the taps (the output of layer id is index id + 1)."""
+        return tuple(i + 1 for i in self.target_layer_ids)
+
+    def replace(self, **changes: Any) -> "BlockConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def for_target(cls, target, num_hidden_layers: int = 2, block_size: int = 16, **overrides: Any) -> "BlockConfig":
+        """A drafter shaped like ``target``'s layers, tapping ``num_hidden_layers`` target layers."""
+        tc = target.model.config
+        rope = dict(getattr(tc, "rope_parameters", None) or {})
+        theta = rope.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+        values: dict[str, Any] = dict(
+            hidden_size=target.hidden_size,
+            intermediate_size=int(getattr(tc, "intermediate_size", 4 * target.hidden_size)),
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=int(tc.num_attention_heads),
+            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads),
+            vocab_size=target.vocab_size,
+            target_layer_ids=build_target_layer_ids(target.num_layers, num_hidden_layers),
+            num_target_layers=target.num_layers,
+            block_size=block_size,
+            head_dim=getattr(tc, "head_dim", None),
+            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 8192)),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+class ContextCache:
+    """Per-layer context keys/values for one sequence: ``keys[l]``, ``values[l]`` are [nkv, n, hd].
+
+    Each layer keeps its own length (:attr:`lengths`); the drafter appends rows through
+    :meth:`BlockModel.forward_block` and never stores block rows here.
+    """
+
+    def __init__(self, n_layers: int):
+        self.keys: list[Tensor | None] = [None] * n_layers
+        self.values: list[Tensor | None] = [None] * n_layers
+
+    def length(self, layer: int) -> int:
+        k = self.keys[layer]
+        return 0 if k is None else int(k.shape[1])
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.length(i) for i in range(len(self.keys))]
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.keys[layer] is None:
+            self.keys[layer], self.values[layer] = k, v
+        elif k.shape[1]:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=1)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=1)
+        return self.keys[layer], self.values[layer]
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin [..., head_dim] for integer positions [...] (HF convention: halves rotated)."""
+    freqs = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class BlockAttention(nn.Module):
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        hd = cfg.dim_per_head
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x [..., n, H] -> rotated keys and values [..., nkv, n, hd]."""
+        *lead, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(*lead, n, self.n_kv, self.head_dim)).transpose(-2, -3)
+        v = self.v_proj(x).view(*lead, n, self.n_kv, self.head_dim).transpose(-2, -3)
+        return k * cos.unsqueeze(-3) + rotate_half(k) * sin.unsqueeze(-3), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
+                ctx_visible: Tensor | None, causal: bool) -> Tensor:
+        """Block rows x [..., B, H] attend to context keys [..., nkv, T, hd] (broadcast over the
+        leading dims) and to the block's own keys.
+
+        ctx_visible: bool broadcastable to [..., 1, 1, T] (None = every context row); causal: block
+        row j sees block rows <= j only.
+        """
+        *lead, b, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(*lead, b, self.n_heads, self.head_dim)).transpose(-2, -3)  # [..., nh, B, hd]
+        q = q * cos.unsqueeze(-3) + rotate_half(q) * sin.unsqueeze(-3)
+        k_blk, v_blk = self.kv(x, cos, sin)  # [..., nkv, B, hd]
+        rep = self.n_heads // self.n_kv
+        if rep > 1:
+            k_ctx, v_ctx, k_blk, v_blk = (t.repeat_interleave(rep, dim=-3) for t in (k_ctx, v_ctx, k_blk, v_blk))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        s_ctx = (q @ k_ctx.transpose(-1, -2)) * scale  # [..., nh, B, T]
+        if ctx_visible is not None:
+            s_ctx = s_ctx.masked_fill(~ctx_visible, float("-inf"))
+        s_blk = (q @ k_blk.transpose(-1, -2)) * scale  # [..., nh, B, B]
+        if causal:
+            tri = torch.ones(b, b, dtype=torch.bool, device=x.device).tril()
+            s_blk = s_blk.masked_fill(~tri, float("-inf"))
+        t = s_ctx.shape[-1]
+        probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1).float(), dim=-1).to(q.dtype)
+        out = probs[..., :t] @ v_ctx + probs[..., t:] @ v_blk  # [..., nh, B, hd]
+        return self.o_proj(out.transpose(-2, -3).reshape(*lead, b, self.n_heads * self.head_dim))
+
+
+class BlockMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class BlockLayer(nn.Module):
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = BlockAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = BlockMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
+                ctx_visible: Tensor | None, causal: bool) -> Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_ctx, v_ctx, ctx_visible, causal)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class SwiGLUApproximation(nn.Module):
+    """TreeFlash's AR approximation: a correction of block position p's hidden state from the
+    previous token. ``d`` starts at zero, so an untrained correction leaves the backbone exact."""
+
+    def __init__(self, hidden: int, inter: int, eps: float = 1e-6):
+        super().__init__()
+        self.ug = nn.Linear(2 * hidden, 2 * inter, bias=True)
+        self.d = nn.Linear(inter, hidden, bias=False)
+        self.norm = RMSNorm(hidden, eps)
+        nn.init.zeros_(self.d.weight)
+
+    def forward(self, prev_embeds: Tensor, normed_hidden: Tensor) -> Tensor:
+        u, g = self.ug(torch.cat([self.norm(prev_embeds), normed_hidden], dim=-1)).chunk(2, dim=-1)
+        return self.d(F.silu(g) * u)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class BlockModel(nn.Module):
+    """fc + hidden_norm + decoder layers + norm (+ mask embedding, + TreeFlash correction)."""
+
+    def __init__(self, config: BlockConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.feature_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(BlockLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.mask_token_id is None:
+            self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        else:
+            self.mask_embedding = None
+        self.ar_approximation = None
+        if config.ar_approximation == "swiglu":
+            inter = config.ar_intermediate_size or config.intermediate_size
+            self.ar_approximation = SwiGLUApproximation(config.hidden_size, inter)
+        hd = config.dim_per_head
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    # ------------------------------------------------------------ pieces
+    def context(self, features: Tensor) -> Tensor:
+        """[..., k * Ht] concatenated tapped target states -> the context stream [..., H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def block_embeds(self, root_embeds: Tensor, embed_weight: Tensor) -> Tensor:
+        """[..., H] root embeddings -> [..., B, H]: the root then B-1 mask embeddings."""
+        cfg = self.config
+        mask = embed_weight[cfg.mask_token_id] if self.mask_embedding is None else self.mask_embedding
+        mask = mask.to(root_embeds.dtype).expand(*root_embeds.shape[:-1], cfg.block_size - 1, cfg.hidden_size)
+        return torch.cat([root_embeds.unsqueeze(-2), mask], dim=-2)
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.inv_freq, dtype)
+
+    def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
+        """Pre-norm hidden states [..., H] -> logits through the target's lm_head weight [V, H]."""
+        return self.norm(hidden) @ lm_head.T
+
+    def corrected(self, hidden: Tensor, prev_embeds: Tensor) -> Tensor:
+        """TreeFlash: pre-norm hidden [..., H] corrected by the previous token's embedding [..., H]."""
+        return hidden + self.ar_approximation(prev_embeds, self.norm(hidden))
+
+    # ------------------------------------------------------------ inference
+    def forward_block(self, block: Tensor, block_positions: Tensor, context: Tensor, context_positions: Tensor,
+                      cache: ContextCache) -> Tensor:
+        """One drafter forward at inference (one sequence).
+
+        block [B, H] embeddings at block_positions [B]; context [m, H] the NEW context rows
+        (``context(features)``) at context_positions [m], appended to ``cache`` in every layer.
+        Returns the pre-norm hidden states [B, H].
+        """
+        causal = self.config.causal
+        cos_b, sin_b = self.rope(block_positions, block.dtype)
+        cos_c, sin_c = self.rope(context_positions, block.dtype)
+        h = block
+        for i, layer in enumerate(self.layers):
+            k_new, v_new = layer.self_attn.kv(context, cos_c, sin_c)
+            k_ctx, v_ctx = cache.append(i, k_new, v_new)
+            h = layer(h, cos_b, sin_b, k_ctx, v_ctx, None, causal)
+        return h
+
+    # ------------------------------------------------------------ training
+    def forward_anchors(self, block: Tensor, anchors: Tensor, context: Tensor) -> Tensor:
+        """Many blocks of a batch of sequences at once (training).
+
+        block [S, A, B, H]: the block embeddings of A anchors per sequence; anchors [S, A] their
+        root positions; context [S, T, H] the context stream of every position. Block (s, a) sees
+        context rows < anchors[s, a] and its own block. Returns pre-norm hidden states [S, A, B, H].
+        """
+        s, a, b, _ = block.shape
+        t = context.shape[1]
+        device = block.device
+        ctx_pos = torch.arange(t, device=device)
+        cos_c, sin_c = self.rope(ctx_pos, block.dtype)  # [T, hd]
+        block_pos = anchors[..., None] + torch.arange(b, device=device)  # [S, A, B]
+        cos_b, sin_b = self.rope(block_pos, block.dtype)  # [S, A, B, hd]
+        visible = (ctx_pos[None, None, :] < anchors[..., None])[:, :, None, None, :]  # [S, A, 1, 1, T]
+        h = block
+        for layer in self.layers:
+            k_ctx, v_ctx = layer.self_attn.kv(context, cos_c, sin_c)  # [S, nkv, T, hd]
+            h = layer(h, cos_b, sin_b, k_ctx[:, None], v_ctx[:, None], visible, self.config.causal)
+        return h
+
+    # ------------------------------------------------------------ set-up
+    @torch.no_grad()
+    def init_random(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """Seeded normal(0, std) init of every matrix; norms are ones; TreeFlash's ``d`` stays zero."""
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.startswith("ar_approximation.d.") or name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def random_block_model(target, seed: int = 0, **overrides: Any) -> BlockModel:
+    """A seeded random-init block drafter for ``target`` (tests, training start)."""
+    cfg = BlockConfig.for_target(target, **overrides)
+    model = BlockModel(cfg)
+    model.init_random(torch.Generator().manual_seed(seed), float(getattr(target.model.config, "initializer_range", 0.02)))
+    return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+__all__ = ["BlockConfig", "BlockModel", "ContextCache", "SwiGLUApproximation", "build_target_layer_ids",
+           "random_block_model", "rope_cos_sin"]

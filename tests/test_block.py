@@ -1,0 +1,551 @@
+"""Block drafters (DFlash, JetSpec, TreeFlash): backbone, masks, trees, tables, checkpoints, losslessness.
+
+* greedy losslessness against ``ar`` for all three, random-init and fitted (a few seconds of the
+  real training loss on the target's own greedy text, so much is accepted), on both tiny targets;
+* the training forward (many anchors at once) equals the inference forward (context cache grown
+  in pieces), and the causal mask holds in EVERY layer (perturbation), bidirectional otherwise;
+* each tree builder against a brute-force reference (same node set for the same scores/budget);
+* TreeFlash's batched transition tables against a slow loop;
+* checkpoint round trips in the three layouts and loads of hand-written upstream-layout files.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from drafters.ar import ARDrafter
+from drafters.block.checkpoint import load_block, save_block
+from drafters.block.drafter import (
+    DFlashConfig, DFlashDrafter, JetSpecConfig, JetSpecDrafter, TreeFlashConfig, TreeFlashDrafter, transition_tables,
+)
+from drafters.block.model import BlockModel, ContextCache, build_target_layer_ids, random_block_model
+from drafters.block.train import DFlashTraining, JetSpecTraining, TreeFlashTraining, draw_anchors
+from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
+from specbench.decode import generate
+from specbench.drafter import Sampling, available_drafters, parse_config
+from specbench.errors import UserError
+from specbench.targets import load_target
+from specbench.train.trainer import Batch
+from specbench.tree import depths, path_to
+
+TARGETS = ["tiny-llama", "tiny-qwen3"]
+MAX_NEW = 32
+FAMILIES = {"dflash": DFlashDrafter, "jetspec": JetSpecDrafter, "treeflash": TreeFlashDrafter}
+SMALL = {"dflash": ["block_size=8"], "jetspec": ["block_size=8", "budget=24", "width=4"],
+         "treeflash": ["block_size=8", "budget=24", "top_m=4", "top_k=4"]}
+
+
+class Setup:
+    def __init__(self, name: str):
+        self.target = load_target(name, device="cpu", dtype="float32")
+        tok = self.target.tokenizer
+        texts = ["the cat sat on the mat. the cat", "abc abc abc abc abc abc", "def add(a, b):\n    return",
+                 "Once upon a time", "1, 2, 3, 4, 5,"]
+        self.prompts = [torch.tensor(tok.encode(t)) for t in texts]
+        self.reference = [generate(self.target, ARDrafter(self.target), p, MAX_NEW, Sampling()).output_ids
+                          for p in self.prompts]
+
+
+@pytest.fixture(scope="module")
+def setups():
+    return {name: Setup(name) for name in TARGETS}
+
+
+def make(family: str, target, options: list[str]):
+    cls = FAMILIES[family]
+    return cls(target, parse_config(cls.Config, options))
+
+
+def assert_lossless(setup: Setup, drafter) -> int:
+    """Every prompt's output equals AR's; returns the drafts accepted over all prompts."""
+    accepted = 0
+    for prompt, ref in zip(setup.prompts, setup.reference):
+        gen = generate(setup.target, drafter, prompt, MAX_NEW, Sampling())
+        assert gen.output_ids == ref
+        accepted += sum(s.accepted for s in gen.steps)
+    return accepted
+
+
+# --------------------------------------------------------------------------- fitted drafters
+
+
+def greedy_batch(target, sequences: list[torch.Tensor], layers: tuple[int, ...]) -> Batch:
+    """A training batch over ``sequences`` with the target's own states (every token a loss token)."""
+    width = max(s.numel() for s in sequences)
+    n = len(sequences)
+    tokens = torch.zeros(n, width, dtype=torch.long)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    hidden = torch.zeros(n, width, len(layers), target.hidden_size)
+    argmax = torch.zeros(n, width, dtype=torch.long)
+    with torch.no_grad():
+        for i, seq in enumerate(sequences):
+            out = target.model(input_ids=seq[None], use_cache=False, output_hidden_states=True)
+            t = seq.numel()
+            tokens[i, :t], valid[i, :t] = seq, True
+            hidden[i, :t] = torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
+            argmax[i, :t] = out.logits[0].argmax(-1)
+    return Batch(tokens, valid.clone(), valid, hidden, argmax)
+
+
+def fit(training, batch: Batch, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
+    """``steps`` of Adam on the family's own loss; returns the first and last metrics."""
+    params = [p for p in training.module.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    training.module.train()
+    first = last = None
+    for _ in range(steps):
+        loss, metrics = training.loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ratios = {k: n / d for k, (n, d) in metrics.items() if d}
+        first = first or ratios
+        last = ratios
+    training.module.eval()
+    return first, last
+
+
+def recipe(cls, **kw):
+    return cls.Recipe(block_size=8, num_layers=2, anchors_per_batch=4096, **kw)
+
+
+@pytest.fixture(scope="module")
+def fitted(setups, tmp_path_factory):
+    """Per target: fitted dflash, jetspec and treeflash checkpoints (saved, so loads are exercised)."""
+    out = {}
+    for name, setup in setups.items():
+        target = setup.target
+        seqs = [torch.cat([p, torch.tensor(r)]) for p, r in zip(setup.prompts, setup.reference)]
+        dirs = {}
+        for family, cls in (("dflash", DFlashTraining), ("jetspec", JetSpecTraining)):
+            tr = cls(target, recipe(cls), [], [])
+            batch = greedy_batch(target, seqs, tr.cache_layers)
+            first, last = fit(tr, batch, steps=120)
+            assert last["chain_tau"] > first["chain_tau"] + 1.0, (family, name, first["chain_tau"], last["chain_tau"])
+            dirs[family] = tr.save(tmp_path_factory.mktemp(f"{family}-{name}"), dtype=torch.float32)
+        tr = TreeFlashTraining(target, recipe(TreeFlashTraining, backbone=str(dirs["dflash"])), [], [])
+        batch = greedy_batch(target, seqs, tr.cache_layers)
+        first, last = fit(tr, batch, steps=30)
+        assert last["loss"] < first["loss"], (first["loss"], last["loss"])
+        dirs["treeflash"] = tr.save(tmp_path_factory.mktemp(f"treeflash-{name}"), dtype=torch.float32)
+        out[name] = dirs
+    return out
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_random_init_greedy_lossless(setups, name, family):
+    assert_lossless(setups[name], make(family, setups[name].target, ["path=random"] + SMALL[family]))
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@pytest.mark.parametrize("family,options", [
+    ("dflash", []), ("dflash", ["tree=marginal", "budget=20", "top_k=4"]), ("jetspec", ["budget=20", "width=4"]),
+    ("jetspec", ["budget=20", "width=4", "gap_cap=2.0"]), ("treeflash", ["budget=20", "top_m=4", "top_k=4"]),
+    ("treeflash", ["budget=20", "top_k=4", "ar_approximation=false"]),
+])
+def test_fitted_greedy_lossless_and_accepts(setups, fitted, name, family, options):
+    drafter = make(family, setups[name].target, [f"path={fitted[name][family]}"] + options)
+    accepted = assert_lossless(setups[name], drafter)
+    steps_saved = accepted / (len(setups[name].prompts) * MAX_NEW)
+    assert steps_saved > 0.3, f"{family} {options} accepted only {accepted} drafts"
+
+
+def test_sampled_generation_is_valid(setups, fitted):
+    """Temperature > 0 runs through the point-mass rule (distribution tests live in test_losslessness)."""
+    setup = setups["tiny-llama"]
+    g = torch.Generator().manual_seed(0)
+    for family in FAMILIES:
+        drafter = make(family, setup.target, [f"path={fitted['tiny-llama'][family]}", "budget=12"])
+        gen = generate(setup.target, drafter, setup.prompts[0], 16, Sampling(temperature=0.8, generator=g))
+        assert 1 <= len(gen.output_ids) <= 16 and all(0 <= t < setup.target.vocab_size for t in gen.output_ids)
+
+
+def test_context_cache_holds_committed_rows_only(setups, fitted):
+    """After a generation the drafter's context rows equal one teacher-forced pass over the final
+    sequence: rejected drafts never enter the cache and every committed position is there once."""
+    setup = setups["tiny-qwen3"]
+    drafter = make("jetspec", setup.target, [f"path={fitted['tiny-qwen3']['jetspec']}", "budget=20", "width=4"])
+    prompt = setup.prompts[0]
+    gen = generate(setup.target, drafter, prompt, MAX_NEW, Sampling())
+    seq = torch.cat([prompt, torch.tensor(gen.output_ids)])
+    n = drafter.n_context
+    assert n == seq.numel() - 2  # every committed token but the last (the root) and token 0's missing row
+    with torch.no_grad():
+        out = setup.target.model(input_ids=seq[None], use_cache=False, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i][0] for i in drafter.feature_layers], dim=-1)[:n]
+        ref = ContextCache(drafter.model.config.num_hidden_layers)
+        block = drafter.model.block_embeds(drafter.embed[0], drafter.embed)
+        drafter.model.forward_block(block, torch.arange(n, n + block.shape[0]), drafter.model.context(feats),
+                                    torch.arange(n), ref)
+    for layer in range(drafter.model.config.num_hidden_layers):
+        torch.testing.assert_close(drafter.cache.keys[layer], ref.keys[layer], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(drafter.cache.values[layer], ref.values[layer], atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- backbone and masks
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_forward_equals_inference(setups, causal):
+    target = setups["tiny-qwen3"].target
+    model = random_block_model(target, seed=1, causal=causal, block_size=8)
+    g = torch.Generator().manual_seed(0)
+    t = 20
+    feats = torch.randn(2, t, len(model.config.target_layer_ids) * target.hidden_size, generator=g)
+    tokens = torch.randint(0, target.vocab_size, (2, t), generator=g)
+    embed = target.model.get_input_embeddings().weight
+    anchors = torch.tensor([[0, 3, 12], [5, 7, 19]])
+    with torch.no_grad():
+        ctx = model.context(feats)
+        block = model.block_embeds(embed[tokens.gather(1, anchors)], embed)
+        batched = model.forward_anchors(block, anchors, ctx)
+        for s, j in itertools.product(range(2), range(3)):
+            a = int(anchors[s, j])
+            cache = ContextCache(model.config.num_hidden_layers)
+            half = a // 2  # the context arrives in two pieces, as over two decoding rounds
+            model.forward_block(block[s, j], torch.arange(a, a + 8), ctx[s, :half], torch.arange(half), cache)
+            one = model.forward_block(block[s, j], torch.arange(a, a + 8), ctx[s, half:a], torch.arange(half, a), cache)
+            torch.testing.assert_close(one, batched[s, j], atol=1e-4, rtol=1e-4)
+
+
+def layer_outputs(model: BlockModel, block: torch.Tensor, ctx: torch.Tensor) -> list[torch.Tensor]:
+    outs: list[torch.Tensor] = []
+    hooks = [layer.register_forward_hook(lambda mod, inp, out: outs.append(out.detach())) for layer in model.layers]
+    try:
+        cache = ContextCache(model.config.num_hidden_layers)
+        n = ctx.shape[0]
+        model.forward_block(block, torch.arange(n, n + block.shape[0]), ctx, torch.arange(n), cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    return outs
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_causal_mask_in_every_layer(setups, name):
+    """JetSpec: changing block input j leaves every layer's outputs at positions < j unchanged (and
+    changes position j); DFlash: it changes earlier positions too (the test can tell them apart)."""
+    target = setups[name].target
+    g = torch.Generator().manual_seed(0)
+    for causal in (True, False):
+        model = random_block_model(target, seed=2, causal=causal, block_size=8, num_hidden_layers=3)
+        ctx = torch.randn(6, target.hidden_size, generator=g)
+        block = torch.randn(8, target.hidden_size, generator=g)
+        base = layer_outputs(model, block, ctx)
+        for j in (1, 4, 7):
+            changed = block.clone()
+            changed[j] += 1.0
+            outs = layer_outputs(model, changed, ctx)
+            for layer, (a, b) in enumerate(zip(base, outs)):
+                earlier_same = torch.allclose(a[:j], b[:j], atol=1e-6)
+                assert earlier_same == causal, (causal, layer, j)
+                assert not torch.allclose(a[j], b[j], atol=1e-6)
+
+
+def test_mask_token_or_learned_embedding(setups):
+    target = setups["tiny-llama"].target
+    embed = target.model.get_input_embeddings().weight
+    learned = random_block_model(target, seed=0)
+    assert learned.mask_embedding is not None
+    reserved = random_block_model(target, seed=0, mask_token_id=5)
+    assert reserved.mask_embedding is None
+    block = reserved.block_embeds(embed[7], embed)
+    assert torch.equal(block[0], embed[7]) and torch.equal(block[1:], embed[5].expand(block.shape[0] - 1, -1))
+    block = learned.block_embeds(embed[7], embed)
+    assert torch.equal(block[1:], learned.mask_embedding.detach().expand(block.shape[0] - 1, -1))
+
+
+def test_target_layer_ids_follow_upstream():
+    assert build_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B DFlash
+    assert build_target_layer_ids(30, 2) == (1, 27)
+    assert build_target_layer_ids(30, 1) == (15,)
+
+
+def test_anchor_draw():
+    tokens = torch.arange(24).view(2, 12)
+    loss = torch.zeros(2, 12, dtype=torch.bool)
+    loss[0, 4:10] = True
+    loss[1, 2:12] = True
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, 11] = False
+    batch = Batch(tokens, loss, valid, torch.zeros(2, 12, 1, 1), torch.zeros(2, 12, dtype=torch.long))
+    anchors, ok = draw_anchors(batch, 1000, seed=0)
+    got = {(s, int(anchors[s, a])) for s, a in ok.nonzero().tolist()}
+    assert got == {(0, p) for p in range(4, 9)} | {(1, p) for p in range(2, 10)}
+    anchors, ok = draw_anchors(batch, 5, seed=1)
+    assert int(ok.sum()) == 5
+    assert all(bool(loss[s, anchors[s, a]] & loss[s, anchors[s, a] + 1]) for s, a in ok.nonzero().tolist())
+
+
+# --------------------------------------------------------------------------- tree builders
+
+
+def node_paths(tree) -> set[tuple[int, ...]]:
+    toks = tree.tokens.tolist()
+    return {tuple(toks[n] for n in path_to(tree.parents, i)[1:]) for i in range(1, tree.size)}
+
+
+def brute_force_tables(tokens, logp, nxt, budget: int) -> set[tuple[int, ...]]:
+    """Every path reachable through the tables, with its score; keep the ``budget - 1`` best."""
+    d_max, _, k = tokens.shape
+    scored = []
+
+    def walk(d: int, row: int, path: tuple, score: float):
+        for j in range(k):
+            s = score + float(logp[d, row, j])
+            p = path + (int(tokens[d, row, j]),)
+            scored.append((s, p))
+            if d + 1 < d_max and int(nxt[d, row, j]) >= 0:
+                walk(d + 1, int(nxt[d, row, j]), p, s)
+
+    walk(0, 0, (), 0.0)
+    scored.sort(key=lambda x: -x[0])
+    return {p for _, p in scored[: budget - 1]}
+
+
+def random_tables(rng: random.Random, d_max: int, m: int, k: int, vocab: int):
+    tokens = torch.zeros(d_max, m, k, dtype=torch.long)
+    logp = torch.zeros(d_max, m, k)
+    nxt = torch.full((d_max, m, k), -1, dtype=torch.long)
+    for d, i in itertools.product(range(d_max), range(m)):
+        tokens[d, i] = torch.tensor(rng.sample(range(vocab), k))
+        logp[d, i] = torch.tensor(sorted((-rng.expovariate(1.0) for _ in range(k)), reverse=True))
+        if d + 1 < d_max:
+            nxt[d, i] = torch.tensor([rng.randrange(-1, m) for _ in range(k)])
+    return tokens, logp, nxt
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_kbest_tree_matches_brute_force(trial):
+    rng = random.Random(trial)
+    d_max, m, k = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 4)
+    tables = random_tables(rng, d_max, m, k, vocab=50)
+    budget = rng.randint(1, 40)
+    tree = kbest_tree(99, *tables, budget)
+    assert tree.size <= budget and int(tree.tokens[0]) == 99
+    assert node_paths(tree) == brute_force_tables(*tables, budget)
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_marginal_tree_is_best_paths_of_marginals(trial):
+    """DDTree: the budget-1 best paths when every parent at depth d shares depth d's marginals."""
+    rng = random.Random(100 + trial)
+    d_max, k, budget = rng.randint(1, 5), rng.randint(1, 5), rng.randint(1, 50)
+    logp = torch.log_softmax(torch.randn(d_max, 30, generator=torch.Generator().manual_seed(trial)), -1)
+    top = logp.topk(k, dim=-1)
+    tree = kbest_tree(0, *marginal_tables(top.indices, top.values), budget)
+    every = []
+    for depth in range(1, d_max + 1):
+        for combo in itertools.product(range(k), repeat=depth):
+            every.append((sum(float(top.values[d, j]) for d, j in enumerate(combo)),
+                          tuple(int(top.indices[d, j]) for d, j in enumerate(combo))))
+    every.sort(key=lambda x: -x[0])
+    assert node_paths(tree) == {p for _, p in every[: budget - 1]}
+
+
+def slow_accum_logp(top_tokens, top_logp, budget: int, caps=None) -> set[tuple[int, ...]]:
+    """JetSpec's rule written without a heap: repeatedly expand the best unexpanded node (older
+    first on ties) with all its children, cut to the budget."""
+    d_max, w = top_tokens.shape
+    nodes = [((), 0.0, 0)]  # (path, score, depth)
+    expanded = set()
+    while len(nodes) < budget:
+        open_ = [i for i, n in enumerate(nodes) if i not in expanded and n[2] < d_max]
+        if not open_:
+            break
+        best = max(open_, key=lambda i: (nodes[i][1], -i))
+        expanded.add(best)
+        path, score, d = nodes[best]
+        fan = min(w, caps[d] if caps else w, budget - len(nodes))
+        for j in range(fan):
+            nodes.append((path + (int(top_tokens[d, j]),), score + float(top_logp[d, j]), d + 1))
+    return {n[0] for n in nodes[1:]}
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_accum_logp_tree_matches_slow_rule(trial):
+    rng = random.Random(200 + trial)
+    d_max, w, budget = rng.randint(1, 6), rng.randint(1, 7), rng.randint(1, 70)
+    logp = torch.log_softmax(torch.randn(d_max, 40, generator=torch.Generator().manual_seed(trial)) * 2, -1)
+    top = logp.topk(w, dim=-1)
+    caps = gap_caps(top.values, 1.0, w) if trial % 2 else None
+    tree = accum_logp_tree(0, top.indices, top.values, budget, caps)
+    assert tree.size == min(budget, tree.size) and tree.size <= budget
+    assert node_paths(tree) == slow_accum_logp(top.indices, top.values, budget, caps)
+    if budget > 1 and caps is None:
+        # shared children: every node at depth d has the same first child token
+        kids = depths(tree.parents)
+        assert set(tree.tokens[kids == 1].tolist()) <= set(top.indices[0].tolist())
+
+
+def test_gap_caps():
+    vals = torch.tensor([[-0.01, -5.0, -6.0], [-1.0, -1.2, -3.0]])
+    assert gap_caps(vals, 2.0, 3) == [1, 3]
+    assert gap_caps(vals, 0.0, 3) == [3, 3]
+
+
+def test_chain_tree():
+    logits = torch.randn(7, 20, generator=torch.Generator().manual_seed(0))
+    tree = chain_tree(5, logits, budget=16)
+    assert tree.tokens.tolist() == [5] + logits.argmax(-1).tolist() and tree.parents.tolist() == list(range(-1, 7))
+    assert chain_tree(5, logits, budget=3).size == 3
+
+
+# --------------------------------------------------------------------------- transition tables
+
+
+def test_transition_tables_match_slow_loop(setups):
+    target = setups["tiny-llama"].target
+    model = random_block_model(target, seed=4, block_size=6, ar_approximation="swiglu")
+    with torch.no_grad():
+        for p in model.ar_approximation.parameters():  # a non-zero correction (d starts at zero)
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+        embed = target.model.get_input_embeddings().weight
+        lm = target.model.get_output_embeddings().weight
+        hidden = torch.randn(6, target.hidden_size, generator=torch.Generator().manual_seed(1))
+        root = 11
+        m, k = 3, 4
+        tokens, logp, nxt = transition_tables(model, hidden, embed[root], embed, lm, m, k)
+        assert tokens.shape == logp.shape == nxt.shape == (5, m, k)
+        cands = [None] + [model.logits(hidden[p], lm).topk(m).indices.tolist() for p in range(1, 5)]
+        for d in range(5):  # depth d + 1 = block position d + 1
+            for i in range(m):
+                prev = root if d == 0 else cands[d][i]
+                h = hidden[d + 1]
+                lp = torch.log_softmax(model.logits(model.corrected(h, embed[prev]), lm).float(), -1)
+                top = lp.topk(k)
+                assert tokens[d, i].tolist() == top.indices.tolist()
+                torch.testing.assert_close(logp[d, i], top.values, atol=1e-5, rtol=1e-5)
+                for j, tok in enumerate(top.indices.tolist()):
+                    want = -1 if d == 4 or tok not in cands[d + 1] else cands[d + 1].index(tok)
+                    assert int(nxt[d, i, j]) == want
+
+
+def test_zero_correction_equals_marginal_tree(setups):
+    """An untrained correction (d = 0) changes nothing: with top_m == top_k every table row is its
+    depth's marginal top-k and every child is expandable, so the tree is the marginal tree."""
+    setup = setups["tiny-qwen3"]
+    on = make("treeflash", setup.target, ["path=random", "block_size=6", "budget=30", "top_m=5", "top_k=5"])
+    off = make("treeflash", setup.target, ["path=random", "block_size=6", "budget=30", "top_k=5", "ar_approximation=false"])
+    for a, b in zip(generate(setup.target, on, setup.prompts[0], 8, Sampling()).steps,
+                    generate(setup.target, off, setup.prompts[0], 8, Sampling()).steps):
+        assert (a.tree_size, a.accepted) == (b.tree_size, b.accepted)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def dflash_keys(n_layers: int) -> set[str]:
+    per = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+           "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+           "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"layers.{i}.{k}" for i in range(n_layers) for k in per}
+
+
+@pytest.mark.parametrize("family,layout", [("dflash", "dflash"), ("jetspec", "jetspec"), ("treeflash", "treeflash")])
+def test_round_trip(setups, tmp_path, family, layout):
+    setup = setups["tiny-llama"]
+    drafter = make(family, setup.target, ["path=random", "block_size=8", "seed=3"])
+    save_block(drafter.model, tmp_path, layout)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == list(drafter.model.config.target_layer_ids)
+    assert bool(config["dflash_config"].get("causal_head", False)) == (family == "jetspec")
+    if layout == "treeflash":
+        assert config["treeflash_config"]["ar_approximation"] == "swiglu"
+    again = make(family, setup.target, [f"path={tmp_path}", "block_size=8"])
+    for a, b in zip(drafter.model.state_dict().values(), again.model.state_dict().values()):
+        assert torch.equal(a, b)
+    prompt = setup.prompts[1]
+    assert [s.tree_size for s in generate(setup.target, drafter, prompt, 12, Sampling()).steps] == \
+           [s.tree_size for s in generate(setup.target, again, prompt, 12, Sampling()).steps]
+
+
+def upstream_layout(path, target, n_layers: int, causal: bool = False, treeflash: bool = False, mask_id: int = 3):
+    """A checkpoint written by hand in the released layout (not through save_block)."""
+    h = target.hidden_size
+    tc = target.model.config
+    heads, kv = tc.num_attention_heads, tc.num_key_value_heads
+    hd = getattr(tc, "head_dim", None) or h // heads
+    inter = 48
+    g = torch.Generator().manual_seed(0)
+    shapes = {"input_layernorm.weight": [h], "post_attention_layernorm.weight": [h], "self_attn.q_proj.weight": [heads * hd, h],
+              "self_attn.k_proj.weight": [kv * hd, h], "self_attn.v_proj.weight": [kv * hd, h],
+              "self_attn.o_proj.weight": [h, heads * hd], "self_attn.q_norm.weight": [hd], "self_attn.k_norm.weight": [hd],
+              "mlp.gate_proj.weight": [inter, h], "mlp.up_proj.weight": [inter, h], "mlp.down_proj.weight": [h, inter]}
+    ids = list(build_target_layer_ids(target.num_layers, n_layers))
+    tensors = {"fc.weight": [h, len(ids) * h], "hidden_norm.weight": [h], "norm.weight": [h]}
+    tensors |= {f"layers.{i}.{k}": s for i in range(n_layers) for k, s in shapes.items()}
+    state = {k: torch.randn(s, generator=g) * 0.02 for k, s in tensors.items()}
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": h, "intermediate_size": inter,
+              "num_hidden_layers": n_layers, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+              "vocab_size": target.vocab_size, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "block_size": 8,
+              "num_target_layers": target.num_layers, "layer_types": ["full_attention"] * n_layers,
+              "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": ids}, "torch_dtype": "bfloat16"}
+    if causal:
+        config["dflash_config"]["causal_head"] = True
+    if treeflash:
+        state = {f"model.{k}": v for k, v in state.items()}
+        state |= {"ar_approximation.ug.weight": torch.randn(2 * inter, 2 * h, generator=g) * 0.02,
+                  "ar_approximation.ug.bias": torch.zeros(2 * inter), "ar_approximation.d.weight": torch.zeros(h, inter),
+                  "ar_approximation.norm.weight": torch.ones(h)}
+        config["architectures"] = ["TreeFlashDraftModel"]
+        config["treeflash_config"] = {"ar_approximation": "swiglu", "candidate_tokens": 64}
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return state
+
+
+@pytest.mark.parametrize("family,causal,treeflash", [("dflash", False, False), ("jetspec", True, False),
+                                                     ("treeflash", False, True), ("treeflash", False, False)])
+def test_loads_upstream_layouts(setups, tmp_path, family, causal, treeflash):
+    setup = setups["tiny-qwen3"]
+    state = upstream_layout(tmp_path, setup.target, n_layers=2, causal=causal, treeflash=treeflash)
+    drafter = make(family, setup.target, [f"path={tmp_path}", "budget=12"])
+    model = drafter.model
+    assert model.config.mask_token_id == 3 and model.mask_embedding is None
+    assert model.config.causal == causal and (model.ar_approximation is not None) == treeflash
+    assert set(model.state_dict()) == {k.removeprefix("model.") for k in state}
+    assert set(k for k in state if not k.startswith("ar_")) == (dflash_keys(2) if not treeflash else {f"model.{k}" for k in dflash_keys(2)})
+    torch.testing.assert_close(model.state_dict()["fc.weight"], state["model.fc.weight" if treeflash else "fc.weight"].float().to(torch.bfloat16).float())
+    assert_lossless(setup, drafter)
+
+
+def test_wrong_family_and_target_refused(setups, tmp_path):
+    qwen, llama = setups["tiny-qwen3"].target, setups["tiny-llama"].target
+    upstream_layout(tmp_path / "causal", qwen, n_layers=2, causal=True)
+    upstream_layout(tmp_path / "plain", qwen, n_layers=2)
+    with pytest.raises(UserError, match="--drafter jetspec"):
+        make("dflash", qwen, [f"path={tmp_path / 'causal'}"])
+    with pytest.raises(UserError, match="--drafter dflash"):
+        make("jetspec", qwen, [f"path={tmp_path / 'plain'}"])
+    if qwen.vocab_size != llama.vocab_size or qwen.hidden_size != llama.hidden_size:
+        with pytest.raises(UserError, match="different target"):
+            make("dflash", llama, [f"path={tmp_path / 'plain'}"])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        make("dflash", qwen, [f"path={tmp_path / 'broken'}"])
+    with pytest.raises(UserError, match="not a directory"):
+        make("dflash", qwen, [f"path={tmp_path / 'missing'}"])
+
+
+def test_registered_and_configurable():
+    eps = available_drafters()
+    assert {"dflash", "jetspec", "treeflash"} <= set(eps)
+    with pytest.raises(UserError, match="tree must be"):
+        parse_config(DFlashConfig, ["tree=beam"])
+    with pytest.raises(UserError, match="unknown --set key"):
+        parse_config(JetSpecConfig, ["depth=3"])
+    assert parse_config(TreeFlashConfig, ["ar_approximation=false"]).ar_approximation is False
