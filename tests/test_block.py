@@ -549,3 +549,94 @@ def test_registered_and_configurable():
     with pytest.raises(UserError, match="unknown --set key"):
         parse_config(JetSpecConfig, ["depth=3"])
     assert parse_config(TreeFlashConfig, ["ar_approximation=false"]).ar_approximation is False
+
+
+# --------------------------------------------------------------------------- `specbench train` and what ships
+
+
+def test_cli_train_all_three_families(setups, tmp_path, monkeypatch, wide_console):
+    """`specbench train` end to end for dflash, then treeflash on that backbone, then jetspec; the
+    outputs load as drafters and stay lossless; treeflash's backbone is unchanged (frozen)."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    common = ["--target", "tiny-llama", "--data", "mbpp-train", "--budget-tokens", "600", "--heldout-tokens", "150",
+              "--no-regenerate", "--set", "epochs=1", "--set", "batch_tokens=512", "--set", "block_size=8",
+              "--set", "anchors_per_batch=64"]
+    outs = {}
+    for family, extra in (("dflash", []), ("treeflash", ["--set", f"backbone={tmp_path / 'dflash'}"]), ("jetspec", [])):
+        outs[family] = tmp_path / family
+        res = CliRunner().invoke(app, ["train", "--drafter", family, *common, *extra, "--out", str(outs[family])])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((outs[family] / "training.json").read_text())
+        assert summary["finished"] and {"acc_0", "acc_6", "chain_tau"} <= set(summary["heldout"])
+        assert "## Final held-out metrics" in (outs[family] / "TRAINING.md").read_text()
+    setup = setups["tiny-llama"]
+    models = {}
+    for family in outs:
+        drafter = make(family, setup.target, [f"path={outs[family]}", "budget=12"])
+        models[family] = drafter.model
+        assert_lossless(setup, drafter)
+    assert json.loads((outs["jetspec"] / "config.json").read_text())["dflash_config"]["causal_head"] is True
+    tf, base = models["treeflash"].state_dict(), models["dflash"].state_dict()
+    assert all(torch.equal(tf[k], v) for k, v in base.items())
+    assert float(tf["ar_approximation.d.weight"].abs().sum()) > 0  # the correction trained
+
+
+SHIPPED = {"dflash": (False, False, 16), "jetspec": (True, False, 16), "treeflash": (False, True, 26)}
+
+
+@pytest.mark.parametrize("family", list(SHIPPED))
+def test_shipped_smollm2_checkpoints_are_package_data(family):
+    """The trained drafters for the default target ship in their released layout, fp16, with a card."""
+    from safetensors import safe_open
+
+    from drafters.block.drafter import shipped_checkpoint
+
+    causal, treeflash, max_mb = SHIPPED[family]
+    path = shipped_checkpoint(family, "smollm2-135m")
+    cfg = json.loads((path / "config.json").read_text())
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_target_layers"]) == (49152, 576, 30)
+    assert bool(cfg["dflash_config"].get("causal_head", False)) == causal
+    assert cfg["dflash_config"]["mask_token_id"] is None and cfg["specbench"]["learned_mask_embedding"]
+    assert (path / "model.safetensors").stat().st_size <= max_mb * 2**20
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert all(f.get_tensor(k).dtype == torch.float16 for k in keys)
+    backbone = {k.removeprefix("model.") for k in keys if not k.startswith("ar_approximation.")}
+    assert backbone == dflash_keys(cfg["num_hidden_layers"]) | {"mask_embedding"}
+    assert all(k.startswith(("model.", "ar_approximation.")) for k in keys) == treeflash
+    if treeflash:
+        assert cfg["treeflash_config"]["ar_approximation"] == "swiglu"
+    card = (path / "TRAINING.md").read_text()
+    assert "specbench train" in card and "## Final held-out metrics" in card
+
+
+@pytest.mark.parametrize("family,options", [("dflash", ["tree=marginal", "budget=12", "top_k=4"]),
+                                            ("jetspec", ["budget=12", "width=4"]),
+                                            ("treeflash", ["budget=12", "top_m=4", "top_k=4"])])
+def test_sampled_distribution_equals_target(setups, fitted, family, options):
+    """At temperature 1 (top-k 4) the first two tokens follow the target's exact distribution (a
+    chi-square test against the target's own probabilities), with drafts accepted along the way."""
+    from collections import Counter
+
+    from test_verify import E2E_SAMPLING, P_MIN, chi2_pvalue, exact_two_token_probs, first_token, first_token_probs
+
+    setup = setups["tiny-llama"]
+    prompt = setup.prompts[0]
+    drafter = make(family, setup.target, [f"path={fitted['tiny-llama'][family]}"] + options)
+    sampling = Sampling(generator=torch.Generator().manual_seed(11), **E2E_SAMPLING)
+    counts: Counter = Counter()
+    accepted = 0
+    n = 240
+    for _ in range(n):
+        gen = generate(setup.target, drafter, prompt, max_new_tokens=2, sampling=sampling)
+        ids = gen.output_ids
+        counts[(ids[0], ids[1] if len(ids) > 1 else None)] += 1
+        accepted += sum(step.accepted for step in gen.steps)
+    probs = exact_two_token_probs(setup.target, prompt)
+    assert chi2_pvalue(counts, probs, n) > P_MIN, sorted(counts.items())
+    assert chi2_pvalue(first_token(counts), first_token_probs(probs), n) > P_MIN
+    assert accepted > n // 10, accepted

@@ -274,15 +274,18 @@ def training_card(summary: dict) -> str:
         "",
         "## Final held-out metrics",
         "",
-        "Top-1 agreement with the target at each drafting depth under the training-time-test unroll "
-        "(teacher-forced tokens, self-fed hidden states): a cheap proxy for acceptance.",
+        "Top-1 agreement with the target's greedy choice at each drafting depth, on held-out data with the "
+        "true prefix (the family's training view: EAGLE-3's self-fed unroll, a block drafter's anchor blocks), "
+        "and the family's loss there: a cheap proxy for acceptance.",
         "",
-        "| depth | top-1 acc | soft CE (nats) |",
+        "| depth | top-1 acc | loss (nats) |",
         "|---:|---:|---:|",
     ]
     held = summary["heldout"]
     for d in sorted(int(k[4:]) for k in held if k.startswith("acc_")):
         lines.append(f"| {d + 1} | {held[f'acc_{d}']:.3f} | {held[f'loss_{d}']:.3f} |")
+    if "chain_tau" in held:
+        lines += ["", f"Held-out `chain_tau` (1 + the leading run of top-1 agreements in a block): {held['chain_tau']:.3f}."]
     return "\n".join(lines) + "\n"
 
 
