@@ -29,7 +29,10 @@ the root x[L-1] sits at block position 0 = absolute position L-1, block position
 
 State. The module holds no run state: a :class:`ContextCache` owned by the drafter keeps each
 layer's context keys/values, and grows by the committed tokens' rows every round. The block's own
-keys are never cached.
+keys are never cached, so each layer's mask is [every cached context key of THAT layer | the block
+part (all ones, or lower-triangular for JetSpec)], built from the keys the layer actually holds;
+a shared length (layer 0's) cannot leak into later layers, the bug JetSpec warns about for
+implementations that cache the block.
 """
 
 from __future__ import annotations
