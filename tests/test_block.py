@@ -640,3 +640,20 @@ def test_sampled_distribution_equals_target(setups, fitted, family, options):
     assert chi2_pvalue(counts, probs, n) > P_MIN, sorted(counts.items())
     assert chi2_pvalue(first_token(counts), first_token_probs(probs), n) > P_MIN
     assert accepted > n // 10, accepted
+
+
+@pytest.mark.parametrize("options,words", [
+    (["--set", "backbone=/no/such/dir"], "is not a DFlash checkpoint directory"),
+    ([], "--set backbone=DIR"),
+])
+def test_cli_train_treeflash_needs_a_backbone(tmp_path, wide_console, options, words):
+    """A missing backbone is one line and exit 2 before anything is written to --out."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    res = CliRunner().invoke(app, ["train", "--drafter", "treeflash", "--target", "tiny-llama", *options,
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert words in res.output and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

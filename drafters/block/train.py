@@ -75,6 +75,12 @@ class TreeFlashRecipe(BlockRecipe):
     backbone: str = "auto"
     ar_intermediate_size: int = 0  # 0 = the backbone's intermediate_size (upstream)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backbone != "auto" and not (Path(self.backbone).expanduser() / "config.json").is_file():
+            raise ValueError(f"backbone '{self.backbone}' is not a DFlash checkpoint directory (no config.json); "
+                             "train one with `specbench train --drafter dflash` or leave backbone=auto")
+
 
 def _draw_seed(seed: int, batch: Batch, module: torch.nn.Module) -> int:
     """A seed from the recipe seed, the batch and the weights (deterministic under resume)."""
@@ -216,6 +222,19 @@ class TreeFlashTraining(BlockTraining):
     Recipe = TreeFlashRecipe
     family = "treeflash"
     layout = "treeflash"
+
+    @staticmethod
+    def preflight(recipe: TreeFlashRecipe, target_name: str) -> None:
+        """Before anything is written: the shipped backbone exists for this target (one-line error)."""
+        if recipe.backbone == "auto":
+            from drafters.block.drafter import shipped_checkpoint
+
+            try:
+                shipped_checkpoint("dflash", target_name)
+            except UserError:
+                raise UserError(f"treeflash trains on a DFlash backbone and none ships for target '{target_name}'; train "
+                                f"one with `specbench train --drafter dflash --target {target_name} --out DIR` and pass "
+                                "--set backbone=DIR") from None
 
     def build_module(self, target, recipe: TreeFlashRecipe) -> BlockModel:
         from drafters.block.drafter import shipped_checkpoint

@@ -75,6 +75,9 @@ def validate(job: TrainJob) -> tuple[type, Any]:
     unknown = [d for d in job.data if d not in TRAIN_SETS]
     if unknown or not job.data:
         raise UserError(f"unknown training set {', '.join(map(repr, unknown)) or '(none)'}; choose from: {', '.join(TRAIN_SETS)}")
+    preflight = getattr(training, "preflight", None)
+    if preflight is not None:  # a family's own checks that need no model (e.g. a required checkpoint)
+        preflight(recipe, job.target)
     if job.out.exists() and not job.out.is_dir():
         raise UserError(f"--out '{job.out}' is a file; pass a directory for the checkpoint")
     previous = job.out / JOB_FILE
