@@ -43,6 +43,7 @@ SETTINGS: list[tuple[str, str, list[str], tuple[str, ...]]] = [
     ("treeflash-64", "treeflash", ["budget=64"], ALL),
     ("jetspec-16", "jetspec", ["budget=16"], ALL),
     ("dflash-marginal-16", "dflash", ["tree=marginal", "budget=16"], ALL),
+    ("jetspec-kbest-16", "jetspec", ["budget=16", "tree=kbest"], ALL),
     ("dflash-marginal-64", "dflash", ["tree=marginal", "budget=64"], ALL),
     *[(f"jetspec-{b}", "jetspec", [f"budget={b}"], SWEEP_TASKS) for b in BUDGETS[1:]],
     *[(f"dflash-marginal-{b}", "dflash", ["tree=marginal", f"budget={b}"], SWEEP_TASKS) for b in (32, 128)],
@@ -106,7 +107,8 @@ def report_tables() -> None:
     lines += ["## tau at an equal node budget (16 nodes, root included)", "",
               "| drafter | tree | " + " | ".join(tasks) + " | mean |", "|---|---|" + "---:|" * (len(tasks) + 1)]
     equal = [("dflash-chain-16", "dflash", "chain (15 drafts)"), ("dflash-marginal-16", "dflash", "marginal best-first (DDTree)"),
-             ("jetspec-16", "jetspec", "causal, accum-log-prob"), ("treeflash-16", "treeflash", "two-stage lazy k-best"),
+             ("jetspec-16", "jetspec", "causal, accum-log-prob"),
+             ("jetspec-kbest-16", "jetspec", "causal, marginal best-first (tree=kbest)"), ("treeflash-16", "treeflash", "two-stage lazy k-best"),
              ("eagle3-16", "eagle3", "dynamic tree, depth 5, top_k 4"), ("ngram", "ngram", "prompt lookup chain")]
     for label, drafter, tree in equal:
         vals = [s.get((label, t), {}).get("tau_micro") for t in tasks]

@@ -151,7 +151,7 @@ def test_random_init_greedy_lossless(setups, name, family):
 @pytest.mark.parametrize("name", TARGETS)
 @pytest.mark.parametrize("family,options", [
     ("dflash", []), ("dflash", ["tree=marginal", "budget=20", "top_k=4"]), ("jetspec", ["budget=20", "width=4"]),
-    ("jetspec", ["budget=20", "width=4", "gap_cap=2.0"]), ("treeflash", ["budget=20", "top_m=4", "top_k=4"]),
+    ("jetspec", ["budget=20", "width=4", "gap_cap=2.0"]), ("jetspec", ["budget=20", "width=4", "tree=kbest"]), ("treeflash", ["budget=20", "top_m=4", "top_k=4"]),
     ("treeflash", ["budget=20", "top_k=4", "ar_approximation=false"]),
 ])
 def test_fitted_greedy_lossless_and_accepts(setups, fitted, name, family, options):

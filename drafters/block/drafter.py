@@ -160,10 +160,15 @@ class JetSpecConfig(_Common):
     budget: int = 64  # nodes including the root (upstream: 64 / 128 / 256)
     width: int = 7  # top-W tokens per depth, shared by every parent at that depth
     gap_cap: float = 0.0  # fan-out 1 at depths whose top-1/top-2 log-prob gap exceeds this (0 = off)
+    # accum: JetSpec's accum_logp (all children of a popped node at once); kbest: the lazy best-first
+    # marginal tree over the same top-W per depth (one node per pop), to separate head from tree rule
+    tree: str = "accum"
 
     def __post_init__(self) -> None:
         if self.budget < 1 or self.width < 1 or self.gap_cap < 0:
             raise ValueError("budget and width must be at least 1, gap_cap non-negative")
+        if self.tree not in ("accum", "kbest"):
+            raise ValueError(f"tree must be 'accum' or 'kbest', got '{self.tree}'")
 
 
 class JetSpecDrafter(_BlockDrafter):
@@ -181,6 +186,8 @@ class JetSpecDrafter(_BlockDrafter):
         cfg = self.config
         logp = torch.log_softmax(self.depth_logits(hidden), dim=-1)
         top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
+        if cfg.tree == "kbest":
+            return kbest_tree(root, *marginal_tables(top.indices, top.values), cfg.budget)
         caps = gap_caps(top.values, cfg.gap_cap, cfg.width) if cfg.gap_cap > 0 else None
         return accum_logp_tree(root, top.indices.cpu(), top.values.cpu(), cfg.budget, caps)
 
