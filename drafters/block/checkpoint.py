@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from drafters.block.model import BlockConfig, BlockModel, build_target_layer_ids
+from drafters.loading import check_made_for, read_config
 from specbench.errors import UserError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -131,24 +132,9 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
     """
     src = Path(path).expanduser()
     where = f"{family} checkpoint '{src}'"
-    if not src.is_dir():
-        raise UserError(f"{where} is not a directory; pass the folder holding config.json and {WEIGHTS_NAME}")
-    if not (src / "config.json").exists():
-        raise UserError(f"{where} has no config.json")
-    try:
-        cfg = config_from_dict(json.loads((src / "config.json").read_text()))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: config.json is not valid JSON ({exc})") from None
-    except KeyError as exc:
-        raise UserError(f"{where}: config.json lacks '{exc.args[0]}'") from None
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"{where}: invalid config.json ({exc})") from None
-
+    cfg = read_config(src, where, config_from_dict)
+    check_made_for(cfg, target, where)
     made_for = f"{where} was made for a different target:"
-    if cfg.vocab_size != target.vocab_size:
-        raise UserError(f"{made_for} vocab_size {cfg.vocab_size}, but target '{target.name}' has {target.vocab_size}")
-    if cfg.feature_size != target.hidden_size:
-        raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
     if cfg.num_target_layers != target.num_layers:
         raise UserError(f"{made_for} {cfg.num_target_layers} layers, but target '{target.name}' has {target.num_layers}")
     if not all(0 <= i < target.num_layers for i in cfg.target_layer_ids):

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
+from drafters.loading import check_made_for, read_config
 from specbench.errors import UserError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -50,26 +51,11 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
     """Load the head in ``path`` for ``target``, on the target's device and dtype."""
     src = Path(path).expanduser()
     where = f"EAGLE-3 checkpoint '{src}'"
-    if not src.is_dir():
-        raise UserError(f"{where} is not a directory; pass the folder holding config.json and model.safetensors")
-    if not (src / "config.json").exists():
-        raise UserError(f"{where} has no config.json")
-    try:
-        raw = json.loads((src / "config.json").read_text())
-        cfg = Eagle3HeadConfig.from_config_dict(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: config.json is not valid JSON ({exc})") from None
-    except KeyError as exc:
-        raise UserError(f"{where}: config.json lacks '{exc.args[0]}'") from None
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"{where}: invalid config.json ({exc})") from None
+    cfg = read_config(src, where, Eagle3HeadConfig.from_config_dict)
 
     # 1. made for this target?
+    check_made_for(cfg, target, where)
     made_for = f"{where} was made for a different target:"
-    if cfg.vocab_size != target.vocab_size:
-        raise UserError(f"{made_for} vocab_size {cfg.vocab_size}, but target '{target.name}' has {target.vocab_size}")
-    if cfg.feature_size != target.hidden_size:
-        raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
     embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
     if cfg.hidden_size != embed_dim:
         raise UserError(f"{where} has hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
