@@ -508,6 +508,33 @@ def test_full_vocab_upstream_checkpoint_uses_identity_map(setups, tmp_path):
     assert torch.equal(head.to_target_ids(torch.arange(384)), torch.arange(384)) and bool(head.t2d.all())
 
 
+def test_full_vocab_upstream_checkpoint_without_maps_loads(setups, tmp_path):
+    """Upstream EAGLE deletes d2t / t2d exactly when the draft vocab is the whole vocabulary
+    (``ea_model.py``), so such a release carries neither: it loads with the identity map and stays
+    lossless. Broken full-vocabulary checkpoints and reduced ones without maps are still refused."""
+    setup = setups["tiny-llama"]
+    target = setup.target
+    written = upstream_checkpoint(tmp_path / "full", draft_vocab=384, drop=("d2t", "t2d"))
+    head = load_eagle3(tmp_path / "full", target)
+    assert torch.equal(head.to_target_ids(torch.arange(384)), torch.arange(384)) and bool(head.t2d.all())
+    state = head.state_dict()
+    for key, value in written.items():
+        if key != "embed_tokens.weight":
+            assert torch.equal(state[key], value.to(state[key].dtype)), key
+    drafter = Eagle3Drafter(target, Eagle3Config(path=str(tmp_path / "full"), **SMALL))
+    for prompt, ref in list(zip(setup.prompts, setup.reference))[:2]:
+        assert run(target, drafter, prompt, max_new=16).output_ids == ref[:16]
+
+    upstream_checkpoint(tmp_path / "no-head", draft_vocab=384, drop=("d2t", "t2d", "lm_head.weight"))
+    assert_refused(tmp_path / "no-head", target, "lacks weights", "lm_head.weight")
+    short = upstream_checkpoint(tmp_path / "short-head", draft_vocab=384, drop=("d2t", "t2d"))
+    short["lm_head.weight"] = short["lm_head.weight"][:96].contiguous()
+    save_file(short, str(tmp_path / "short-head" / "model.safetensors"))
+    assert_refused(tmp_path / "short-head", target, "lm_head.weight", "[96, 64]", "[384, 64]")
+    upstream_checkpoint(tmp_path / "reduced", draft_vocab=96, drop=("d2t", "t2d"))
+    assert_refused(tmp_path / "reduced", target, "d2t / t2d", "never regenerates")
+
+
 def test_one_token_prompt(setups):
     """The first token has no predecessor and no head row: the first round drafts nothing."""
     setup = setups["tiny-llama"]

@@ -12,9 +12,11 @@ A checkpoint directory holds:
   head always uses the target's own embedding.
 
 Loading refuses (one-line :class:`~specbench.errors.UserError`) a checkpoint made for another
-target (vocab size, hidden size, layer count when recorded) and one without d2t/t2d: those maps
-are never regenerated, since a wrong map silently collapses acceptance. (When the draft vocab is
-the whole target vocab, upstream ignores the maps and so do we: the map is the identity.)
+target (vocab size, hidden size, layer count when recorded) and a reduced-vocabulary head without
+d2t/t2d: those maps are never regenerated, since a wrong map silently collapses acceptance. A
+full-vocabulary head (``draft_vocab_size == vocab_size``) needs no maps: upstream EAGLE deletes the
+d2t/t2d buffers exactly then (``ea_model.py``) and vLLM skips an absent ``draft_id_to_target_id``,
+so such releases may carry none (or all-zero ones); the map is the identity either way.
 """
 
 from __future__ import annotations
@@ -70,8 +72,13 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
     for key in IGNORED_KEYS:
         state.pop(key, None)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    full_vocab = cfg.draft_vocab_size == cfg.vocab_size
     missing_maps = [k for k in ("d2t", "t2d") if k not in state]
-    if missing_maps:
+    if full_vocab:
+        # upstream deletes d2t / t2d exactly when the draft vocab is the whole vocabulary: the identity
+        state.setdefault("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        state.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+    elif missing_maps:
         raise UserError(
             f"{where} has no {' / '.join(missing_maps)} vocabulary map; it must ship with the checkpoint "
             "(specbench never regenerates it: a wrong map silently collapses acceptance)"
@@ -87,7 +94,7 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
     for key, tensor in expected.items():
         if tuple(state[key].shape) != tuple(tensor.shape):
             raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
-    if cfg.draft_vocab_size == cfg.vocab_size:
+    if full_vocab:
         # upstream (cnets.py) never reads the maps when the draft vocab is the whole vocabulary, and
         # its t2d buffer may then be left all False: the identity map is what such a head means
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
