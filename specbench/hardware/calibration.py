@@ -1,0 +1,143 @@
+"""The published points the analytic profiles must reproduce (HARDWARE.md), as data plus one function.
+
+Each :class:`Point` names a profile, a target shape, what the model computes and the published value
+with its tolerance (relative). Speedup/tau points use the speedup identity: the published
+``speedup / tau`` is the per-token cost of AR over the per-step cost of the method,
+``(t_fix + T_fwd(1)) / (t_fix + t_round + T_draft + T_fwd(n))``.
+
+Assumptions the sources do not state (context lengths, draft lengths, drafter shapes) are written
+next to each point; the README's "Hardware projections" section lists them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specbench.hardware.analytic import ANALYTIC_PROFILES, AnalyticProfile, load_shape
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    source: str
+    profile: str
+    target: str  # bundled shape
+    quantity: str  # "ar_ms" (ms/token), "fwd_ms" (T_fwd(n) ms), "step_ms" (ms/round), "token_ms", "ratio"
+    published: float
+    tolerance: float  # relative
+    n: int = 1  # query tokens of the verify forward
+    context: int = 512
+    drafter: str | None = None  # bundled shape of the drafter (None: no weights, e.g. prompt lookup)
+    drafter_forwards: int = 0
+    drafter_n: int = 1  # query tokens per drafter forward
+    tau: float | None = None
+    note: str = ""
+
+
+def _ratio(speedup: float, tau: float) -> float:
+    return speedup / tau
+
+
+# vLLM issue 20780 (EAGLE-3, Llama-3.1-8B, batch 1): K drafts in K head forwards, a chain of K+1 nodes.
+_VLLM_K = {2: (2.36, 4.32), 3: (2.79, 4.09), 4: (3.08, 4.05), 5: (3.32, 4.13), 6: (3.46, 4.20), 7: (3.54, 4.29)}
+# JetSpec project page, H100, Qwen3-8B (speedup, tau), per budget and task.
+_JETSPEC = {64: {"math500": (6.76, 7.42), "humaneval": (5.53, 6.06), "mt_bench": (3.97, 4.77)},
+            256: {"math500": (9.64, 10.76), "humaneval": (7.12, 7.78), "mt_bench": (4.58, 5.94)}}
+# liranringel/ddtree results table: DFlash, Qwen3-8B, block 16, T = 0 (speedup, tau).
+_DFLASH = {"math500": (5.56, 7.79), "gsm8k": (4.78, 6.57), "humaneval": (4.84, 6.61), "mbpp": (4.33, 5.99),
+           "mt_bench": (2.56, 4.28), "alpaca": (2.07, 3.12)}
+
+
+def published_points() -> list[Point]:
+    pts = [
+        Point("sglang-llama8b-ar", "SGLang docs, speculative decoding page (MT-Bench, 1x H100)", "h100-sxm:engine",
+              "llama-3.1-8b", "ar_ms", 1000 / 158.34, 0.15, note="context 512 assumed"),
+        Point("vllm-llama8b-ar", "vllm-project/vllm issue 20780", "h100-sxm:engine", "llama-3.1-8b", "ar_ms",
+              7.07, 0.10, note="context 512 assumed"),
+    ]
+    for k, (tau, ms) in _VLLM_K.items():
+        pts.append(Point(f"vllm-llama8b-eagle3-k{k}", "vllm-project/vllm issue 20780", "h100-sxm:engine",
+                         "llama-3.1-8b", "token_ms", ms, 0.10, n=k + 1, drafter="eagle3-llama-3.1-8b",
+                         drafter_forwards=k, tau=tau, note=f"chain of {k} drafts, {k} head forwards"))
+    for n, ms in [(1, 34.8), (64, 34.8), (128, 34.8), (192, 34.8), (256, 38.5), (384, 46.9), (512, 55.2)]:
+        pts.append(Point(f"caddtree-a800-qwen3-8b-n{n}", "ZhangShuai1230/CaDDTree cost_models/Qwen3-8B_convex.pt",
+                         "a100:hf-eager", "qwen3-8b", "fwd_ms", ms, 0.10, n=n, context=1,
+                         note="A800 = the a100 profile (same 2.0 TB/s, 312 TFLOP/s)"))
+    pts.append(Point("caddtree-a800-qwen3-4b-n1", "ZhangShuai1230/CaDDTree", "a100:hf-eager", "qwen3-4b", "fwd_ms",
+                     34.0, 0.10, n=1, context=1))
+    pts += [
+        Point("jetspec-bench-qwen3-8b-ar", "hao-ai-lab/JetSpec bench/outputs (GSM8K)", "h100-sxm:hf-eager", "qwen3-8b",
+              "ar_ms", 32.2, 0.10, context=384, note="GPU not stated; h100 assumed"),
+        Point("jetspec-bench-qwen3-8b-dflash16", "hao-ai-lab/JetSpec bench/outputs (GSM8K)", "h100-sxm:hf-eager",
+              "qwen3-8b", "step_ms", 39.7, 0.10, n=16, context=384, drafter="dflash-qwen3-8b-b16",
+              drafter_forwards=1, drafter_n=16, tau=6.17, note="16-node chain, one block forward"),
+        Point("jetspec-bench-qwen3-8b-tree255", "hao-ai-lab/JetSpec bench/outputs (GSM8K)", "h100-sxm:hf-eager",
+              "qwen3-8b", "step_ms", 33.1, 0.10, n=255, context=384, drafter="dflash-qwen3-8b-b16",
+              drafter_forwards=1, drafter_n=16, tau=8.54, note="255-node tree, one block forward"),
+    ]
+    for budget, tasks in _JETSPEC.items():
+        for task, (sp, tau) in tasks.items():
+            pts.append(Point(f"jetspec-paper-b{budget}-{task}", "JetSpec project page (H100, Qwen3-8B)",
+                             "h100-sxm:hf-eager", "qwen3-8b", "ratio", _ratio(sp, tau), 0.10, n=budget, context=512,
+                             drafter="dflash-qwen3-8b-b16", drafter_forwards=1, drafter_n=16, tau=tau,
+                             note=f"speedup {sp} / tau {tau}; tree of {budget} nodes, one head forward"))
+    for task, (sp, tau) in _DFLASH.items():
+        pts.append(Point(f"ddtree-dflash-b16-{task}", "liranringel/ddtree results table (Qwen3-8B, T=0)",
+                         "h100-sxm:hf-eager", "qwen3-8b", "ratio", _ratio(sp, tau), 0.25, n=16, context=512,
+                         drafter="dflash-qwen3-8b-b16", drafter_forwards=1, drafter_n=16, tau=tau,
+                         note=f"speedup {sp} / tau {tau}; 16-node chain"))
+    pts += [
+        Point("specbench-a100-vicuna7b-pld", "hemingkx/Spec-Bench Leaderboard.md", "a100:hf-eager", "vicuna-7b",
+              "ratio", _ratio(1.59, 1.73), 0.25, n=11, context=512, drafter=None, drafter_forwards=0, tau=1.73,
+              note="prompt lookup: up to 10 drafts, no drafter forward"),
+        Point("specbench-a100-vicuna7b-sps", "hemingkx/Spec-Bench Leaderboard.md", "a100:hf-eager", "vicuna-7b",
+              "ratio", _ratio(1.49, 2.28), 0.25, n=6, context=512, drafter="vicuna-68m", drafter_forwards=5, tau=2.28,
+              note="vicuna-68m drafts 5 tokens (HF assisted generation default)"),
+        Point("specbench-a100-vicuna7b-eagle", "hemingkx/Spec-Bench Leaderboard.md", "a100:hf-eager", "vicuna-7b",
+              "ratio", _ratio(2.29, 3.61), 0.25, n=26, context=512, drafter="eagle-vicuna-7b", drafter_forwards=5,
+              drafter_n=4, tau=3.61, note="EAGLE-1 static tree of 26 nodes, 5 head forwards"),
+    ]
+    return pts
+
+
+@dataclass(frozen=True)
+class Result:
+    point: Point
+    model: float
+
+    @property
+    def error(self) -> float:
+        return (self.model - self.point.published) / self.point.published
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= self.point.tolerance
+
+
+def step_seconds(profile: AnalyticProfile, p: Point) -> float:
+    target = load_shape(p.target)
+    drafter = load_shape(p.drafter) if p.drafter else None
+    draft = p.drafter_forwards * profile.drafter_forward(drafter, p.drafter_n, p.context)
+    speculative = p.n > 1 or p.drafter_forwards > 0
+    return profile.t_fix + (profile.t_round if speculative else 0.0) + draft + profile.t_fwd(target, p.n, p.context)
+
+
+def ar_token_seconds(profile: AnalyticProfile, p: Point) -> float:
+    return profile.t_fix + profile.t_fwd(load_shape(p.target), 1, p.context)
+
+
+def evaluate(p: Point, profiles: dict[str, AnalyticProfile] | None = None) -> Result:
+    profile = (profiles or ANALYTIC_PROFILES)[p.profile]
+    if p.quantity == "fwd_ms":
+        value = profile.t_fwd(load_shape(p.target), p.n, p.context) * 1e3
+    elif p.quantity == "ar_ms":
+        value = ar_token_seconds(profile, p) * 1e3
+    elif p.quantity == "step_ms":
+        value = step_seconds(profile, p) * 1e3
+    elif p.quantity == "token_ms":
+        value = step_seconds(profile, p) / p.tau * 1e3
+    elif p.quantity == "ratio":
+        value = ar_token_seconds(profile, p) / step_seconds(profile, p)
+    else:
+        raise ValueError(p.quantity)
+    return Result(p, value)
