@@ -141,3 +141,105 @@ def evaluate(p: Point, profiles: dict[str, AnalyticProfile] | None = None) -> Re
     else:
         raise ValueError(p.quantity)
     return Result(p, value)
+
+
+# The points no parameter set can meet together with the others (README "Hardware projections"):
+# each names the point(s) it contradicts under the speedup identity with the same drafter shape.
+CONFLICTS: dict[str, tuple[str, str]] = {
+    "jetspec-bench-qwen3-8b-tree255": (
+        "jetspec-paper-b256-mt_bench",
+        "the bench's decode round is 0.9 ms over AR; the paper's end-to-end speedup/tau needs >= 6 ms",
+    ),
+    "ddtree-dflash-b16-mt_bench": (
+        "jetspec-bench-qwen3-8b-dflash16",
+        "the same DFlash drafter costs <= 10.2 ms per round in the JetSpec bench but >= 11.3 ms here",
+    ),
+}
+
+
+def allowed_extra(p: Point, profiles: dict[str, AnalyticProfile] | None = None) -> tuple[float, float]:
+    """The interval of a step's cost beyond ``t_fix + T_fwd(n)`` (seconds) that meets ``p``'s tolerance.
+
+    Drafter forwards, ``t_d`` and ``t_round`` all land in this one number, so two points of the same
+    profile and drafter whose intervals are disjoint cannot both be met by any parameter values.
+    """
+    profile = (profiles or ANALYTIC_PROFILES)[p.profile]
+    base = profile.t_fix + profile.t_fwd(load_shape(p.target), p.n, p.context)
+    lo, hi = p.published * (1 - p.tolerance), p.published * (1 + p.tolerance)
+    if p.quantity == "step_ms":
+        return lo * 1e-3 - base, hi * 1e-3 - base
+    if p.quantity == "ratio":
+        ar = ar_token_seconds(profile, p)
+        return ar / hi - base, ar / lo - base
+    if p.quantity == "token_ms":
+        return lo * 1e-3 * p.tau - base, hi * 1e-3 * p.tau - base
+    raise ValueError(f"{p.key}: no extra cost in a {p.quantity} point")
+
+
+def sglang_eagle3_implied_tau(profile: AnalyticProfile | None = None) -> float:
+    """tau the engine model needs to give SGLang's 373.25 tok/s for EAGLE-3 on Llama-3.1-8B (H100).
+
+    The page states no tau, so this point is checked for plausibility only: SGLang's EAGLE-3 example
+    drafts 5 steps (top-k 8) into 32 verified tokens, so tau must lie in (1, 6].
+    """
+    profile = profile or ANALYTIC_PROFILES["h100-sxm:engine"]
+    p = Point("sglang-llama8b-eagle3", "SGLang docs", "h100-sxm:engine", "llama-3.1-8b", "token_ms", 1000 / 373.25,
+              0.0, n=32, drafter="eagle3-llama-3.1-8b", drafter_forwards=5)
+    return step_seconds(profile, p) / (p.published * 1e-3)
+
+
+def calibration_table() -> list[Result]:
+    return [evaluate(p) for p in published_points()]
+
+
+def plot_calibration(out_dir) -> list:
+    """Two figures in ``out_dir``: T_fwd(n) curves against the CaDDTree points, and model / published
+    for every point with its tolerance band. Returns the paths written."""
+    from pathlib import Path
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = calibration_table()
+    written = []
+
+    fig = Figure(figsize=(11, 4.2))
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    ns = list(range(1, 513))
+    curves = [("a100:hf-eager", "qwen3-8b", 1, "A100/A800 hf-eager, Qwen3-8B, ctx 1"),
+              ("a100:hf-eager", "qwen3-4b", 1, "A100/A800 hf-eager, Qwen3-4B, ctx 1"),
+              ("h100-sxm:hf-eager", "qwen3-8b", 512, "H100 hf-eager, Qwen3-8B, ctx 512"),
+              ("h100-sxm:engine", "llama-3.1-8b", 512, "H100 engine, Llama-3.1-8B, ctx 512"),
+              ("h200:engine", "llama-3.1-8b", 512, "H200 engine, Llama-3.1-8B, ctx 512")]
+    for prof, shape, ctx, label in curves:
+        s = load_shape(shape)
+        ax1.plot(ns, [ANALYTIC_PROFILES[prof].t_fwd(s, n, ctx) * 1e3 for n in ns], label=label)
+    fwd = [r for r in results if r.point.quantity == "fwd_ms"]
+    ax1.errorbar([r.point.n for r in fwd], [r.point.published for r in fwd],
+                 yerr=[r.point.published * r.point.tolerance for r in fwd], fmt="ko", capsize=3,
+                 label="CaDDTree (A800, published, ±tol)")
+    ax1.set_xlabel("query tokens n")
+    ax1.set_ylabel("T_fwd(n) ms (model)")
+    ax1.set_title("Analytic T_fwd(n) and the published forward times")
+    ax1.legend(fontsize=7)
+    ax1.grid(alpha=0.3)
+
+    ys = list(range(len(results)))
+    colors = ["tab:green" if r.ok else "tab:red" for r in results]
+    ax2.barh(ys, [r.error * 100 for r in results], color=colors)
+    for y, r in zip(ys, results):
+        ax2.plot([-r.point.tolerance * 100, r.point.tolerance * 100], [y, y], "k|", markersize=6)
+    ax2.axvline(0, color="k", lw=0.8)
+    ax2.set_yticks(ys, [r.point.key for r in results], fontsize=6)
+    ax2.invert_yaxis()
+    ax2.set_xlabel("model error vs published, % (| = tolerance; red = outside)")
+    ax2.set_title("Every published point (HARDWARE.md)")
+    ax2.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    path = out / "hardware_calibration.png"
+    fig.savefig(path, dpi=150)
+    written.append(path)
+    return written
