@@ -121,3 +121,145 @@ def test_calibration_figure(tmp_path):
     paths = calibration.plot_calibration(tmp_path)
     assert [p.name for p in paths] == ["hardware_calibration.png"]
     assert paths[0].stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------- projections
+
+import pandas as pd  # noqa: E402
+
+from rowfactory import synthetic_row  # noqa: E402
+from specbench.hardware import profiles, project  # noqa: E402
+
+BIG = "random:llama-3.1-8b"
+
+
+def ar_row(pid: str, n_new: int, **kw) -> dict:
+    return synthetic_row(pid, 0, [0] * n_new, drafter="ar", drafter_config="{}", tree_size_per_step=[1] * n_new,
+                         tree_depth_per_step=[0] * n_new, drafter_forwards_per_step=[0] * n_new, **kw)
+
+
+def ngram_row(pid: str, accepted: list[int], tree: int = 8, **kw) -> dict:
+    return synthetic_row(pid, 0, accepted, drafter="ngram", drafter_config='{"num_draft":7}',
+                         tree_size_per_step=[tree] * len(accepted), drafter_forwards_per_step=[0] * len(accepted), **kw)
+
+
+@pytest.fixture(autouse=True)
+def _profile_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path / "hw"))
+
+
+@pytest.mark.parametrize("hardware", sorted(ANALYTIC_PROFILES))
+@pytest.mark.parametrize("target", [BIG, "tiny-llama"])
+def test_ar_projects_to_exactly_one(hardware, target):
+    rows = pd.DataFrame([ar_row("a", 7, target=target), ar_row("b", 3, target=target, prompt_ids=list(range(40)))])
+    p = project.project_rows(rows, hardware)
+    assert p.speedup_sum == 1.0 and p.speedup_mean == 1.0 and p.label == "projected"
+
+
+def test_projection_by_hand():
+    """One ngram row priced by hand from T_fwd: sum of AR token costs over sum of step costs."""
+    prof = ANALYTIC_PROFILES["h100-sxm:engine"]
+    shape = load_shape("llama-3.1-8b")
+    row = ngram_row("p", [3, 0, 7], tree=8, target=BIG, prompt_ids=list(range(10)), n_new_tokens=12)
+    # positions: 9, then 9+4=13, then 13+1=14; the last step commits 8 but only 7 count (n_new 12)
+    spec = sum(prof.t_fix + prof.t_round + prof.t_fwd(shape, 8, c) for c in (9, 13, 14))
+    ar = sum(prof.t_fix + prof.t_fwd(shape, 1, c) for c in [9, 10, 11, 12, 13, *range(14, 21)])
+    p = project.project_rows(pd.DataFrame([row]), "h100-sxm:engine")
+    assert p.speedup_sum == pytest.approx(ar / spec, rel=1e-12)
+
+
+def test_projection_matches_the_identity():
+    """Constant steps: the projection equals tau * (t_fix + T_fwd(1)) / step cost (calibration's formula)."""
+    prof = ANALYTIC_PROFILES["h100-sxm:engine"]
+    row = synthetic_row("p", 0, [3] * 50, drafter="eagle3", target=BIG, tree_size_per_step=[8] * 50,
+                        drafter_forwards_per_step=[4] * 50, prompt_ids=[1] * 2000)
+    point = calibration.Point("x", "", "h100-sxm:engine", "llama-3.1-8b", "ratio", 1.0, 0.1, n=8, context=2100,
+                              drafter="eagle3-llama-3.1-8b", drafter_forwards=4)
+    expected = 4 * calibration.ar_token_seconds(prof, point) / calibration.step_seconds(prof, point)
+    got = _with_drafter_dir(row, "eagle3-llama-3.1-8b")
+    assert got.speedup_sum == pytest.approx(expected, rel=0.01)
+    assert 1.0 < got.speedup_sum < 4.0
+
+
+def _with_drafter_dir(row, shape_name):
+    """Project ``row`` with its drafter checkpoint folder holding the bundled ``shape_name`` config."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps(analytic.load_config(shape_name)[1]))
+    row = {**row, "drafter_config": json.dumps({"path": str(folder)})}
+    return project.project_rows(pd.DataFrame([row]), "h100-sxm:engine")
+
+
+def test_sum_and_mean_differ_and_unknown_drafter_is_nan():
+    rows = pd.DataFrame([ngram_row("a", [7] * 5, target=BIG), ngram_row("b", [0] * 20, target=BIG)])
+    p = project.project_rows(rows, "h100-sxm:engine")
+    assert p.speedup_mean != pytest.approx(p.speedup_sum)
+    # a drafter with forwards whose weights cannot be found is not priced (NaN), not priced at zero
+    unknown = synthetic_row("c", 0, [2, 2], target=BIG, drafter_config='{"path":"random"}')
+    assert math.isnan(project.project_rows(pd.DataFrame([unknown]), "h100-sxm:engine").speedup_sum)
+
+
+def test_tree_costs_more_on_engine_than_eager():
+    """A 256-node tree accepted 6 deep: hf-eager hides the tree (its speedup tracks tau); the engine pays."""
+    rows = pd.DataFrame([ngram_row("a", [6] * 30, tree=256, target=BIG)])
+    eager = project.project_rows(rows, "h100-sxm:hf-eager").speedup_sum
+    engine = project.project_rows(rows, "h100-sxm:engine").speedup_sum
+    assert engine < eager < 7.0
+    assert eager > 0.9 * 7 * 0.97  # only t_round stands between eager and tau here
+
+
+def test_what_if_as_target():
+    rows = pd.DataFrame([ngram_row("a", [3] * 10, tree=8, target="tiny-llama")])
+    p = project.project_rows(rows, "h100-sxm:engine", as_target="qwen3-8b")
+    assert p.label == "what-if: qwen3-8b" and 1.0 < p.speedup_sum < 4.0
+    with pytest.raises(Exception, match="cannot find the architecture"):
+        project.project_rows(pd.DataFrame([ngram_row("a", [1], target="org/unknown-model")]), "h100-sxm:engine")
+
+
+def test_unknown_profile_is_one_line_error():
+    from specbench.errors import UserError
+
+    with pytest.raises(UserError, match="unknown hardware profile 'tpu'.*h100-sxm:engine"):
+        profiles.get_profile("tpu")
+
+
+def _measured(name="cpu-test", target="tiny-llama") -> profiles.MeasuredProfile:
+    cfg = project.target_config(target)
+    return profiles.MeasuredProfile(name=name, target=target, target_config=cfg, contexts=[10, 110], ns=[1, 2, 4],
+                                    t_fwd_ms=[[1.0, 1.5, 2.5], [2.0, 2.5, 3.5]], drafters={"ngram": {"ms_per_forward": 0.1}},
+                                    fingerprint={"device": "cpu"}, created="2025-01-01T00:00:00")
+
+
+def test_measured_profile_roundtrip_and_interpolation():
+    path = profiles.save_measured(_measured())
+    assert path.parent == profiles.profile_dir() and path.is_file()
+    prof = profiles.get_profile("cpu-test")
+    assert isinstance(prof, profiles.MeasuredProfile)
+    assert prof.t_fwd(None, 1, 10) == pytest.approx(1.0e-3)
+    assert prof.t_fwd(None, 3, 60) == pytest.approx(2.5e-3)  # midway in n and in context
+    assert prof.t_fwd(None, 8, 10) == pytest.approx(4.5e-3)  # extrapolated along the last segment
+    assert prof.t_fwd(None, 1, 10_000) == pytest.approx(2.0e-3)  # clamped in context
+    rows = pd.DataFrame([ngram_row("a", [3] * 4, tree=4, target="tiny-llama", prompt_ids=[1] * 11)])
+    p = project.project_rows(rows, "cpu-test")
+    assert p.speedup_sum == pytest.approx((16 * 1.0) / (4 * 2.5), rel=0.05)
+    with pytest.raises(Exception, match="cannot price another model"):
+        project.project_rows(pd.DataFrame([ngram_row("a", [1], target=BIG)]), "cpu-test")
+
+
+def test_add_projections_to_compare_table():
+    from specbench import report
+
+    rows = pd.DataFrame([ar_row("a", 8, target=BIG), ar_row("b", 8, target=BIG),
+                         ngram_row("a", [3, 3], target=BIG), ngram_row("b", [1, 1, 1, 1], target=BIG)])
+    table = report.compare(rows)
+    out = project.add_projections(rows, table, ["h100-sxm:engine", "h100-sxm:hf-eager"])
+    assert len(out) == 2 * len(table)
+    assert list(out.columns[-4:]) == project.PROJECTION_COLUMNS
+    ar = out[out["drafter"] == "ar"]
+    assert (ar["projected_decode_speedup_sum"] == 1.0).all() and set(ar["hardware"]) == {"h100-sxm:engine", "h100-sxm:hf-eager"}
+    ng = out[(out["drafter"] == "ngram") & (out["hardware"] == "h100-sxm:engine")].iloc[0]
+    direct = project.project_rows(rows[rows["drafter"] == "ngram"], "h100-sxm:engine")
+    assert ng["projected_decode_speedup_sum"] == pytest.approx(direct.speedup_sum)
+    assert ng["projection"] == "projected"
