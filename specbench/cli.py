@@ -20,9 +20,26 @@ err_console = Console(stderr=True)
 _INTERRUPTED = "interrupted; rows finished so far are kept — rerun with --resume --out FILE to continue"
 
 
+def _without_flag_metavar(params):
+    """Flags take no value, so help shows no type for them (typer would print ``<bool>``)."""
+    for param in params:
+        if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
 class _Group(typer.core.TyperGroup):
     """Turns a UserError from any command into one red line on stderr and exit status 2; Ctrl-C into
     the --resume hint and exit status 130."""
+
+    def get_params(self, ctx):
+        return _without_flag_metavar(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _without_flag_metavar([*command.params, command.get_help_option(ctx)])
+        return command
 
     def invoke(self, ctx):
         try:
@@ -155,20 +172,28 @@ def _frame(rows):
 @app.command()
 def compare(
     files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or markdown"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (fits the terminal), json, csv or markdown (every field)"),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="list results from several devices together"),
+    wide: bool = typer.Option(False, "--wide", help="table: every column, full config, at its natural width"),
+    columns: Optional[str] = typer.Option(None, "--columns", help="only these columns, in this order, e.g. task,drafter,tau (any format)"),
+    sort: Optional[str] = typer.Option(None, "--sort", help="order rows by this column: numbers high to low, text A to Z"),
+    depths: Optional[int] = typer.Option(None, "--depths", help="per-depth acceptance up to depth N (default: the deepest accepted)"),
 ) -> None:
-    """One row per (target, task, drafter, config): tau, per-depth acceptance, draft share, speedups."""
+    """One row per (target, task, drafter, setting): tau, per-depth acceptance, draft share, speedup, lossless."""
     from specbench import report, results
 
-    if fmt not in ("table", "json", "csv", "markdown"):
+    if fmt not in report.FORMATS:
         raise UserError(f"unknown --format '{fmt}'; use table, json, csv or markdown")
     df = results.read_results(results.expand_globs(files))
-    table = report.compare(df, allow_mixed=allow_mixed)
+    frame = report.compare(df, allow_mixed=allow_mixed, depths=depths)
+    # further columns (one per compare row) go into `frame` here, before it is sorted and formatted
+    chosen = report.parse_columns(frame, columns) if columns is not None else None
+    if sort is not None:
+        frame = report.sort_compare(frame, sort)
     if fmt == "table":
-        out_console.print(report.compare_table(table))
+        typer.echo(report.compare_view(frame, out_console.width, wide=wide, columns=chosen).text(), nl=False)
     else:
-        typer.echo(report.format_compare(table, fmt))
+        typer.echo(report.format_compare(frame, fmt, columns=chosen), nl=False)
 
 
 @app.command()
@@ -325,6 +350,71 @@ def drafters() -> None:
         opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
         table.add_row(name, getattr(cls, "description", ""), opts or "-")
     out_console.print(table)
+
+
+@app.command()
+def sweep(
+    file: Path = typer.Argument(..., help="sweep file (TOML): targets, tasks, drafters and settings; see specbench/sweep.py"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and their state; run nothing"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the file's, else local)"),
+    address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start a local one)"),
+) -> None:
+    """Run a grid of `run`s from a sweep file: finished cells skipped, interrupted ones resumed."""
+    from specbench import sweep as sweeps
+
+    plan = sweeps.load_sweep(file, executor)
+    if dry_run:
+        rows = sweeps.describe(plan)
+        table = Table(title=f"{plan.name}: {len(rows)} cells → {plan.results_dir} (executor {plan.executor})")
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*row.values())
+        out_console.print(table)
+        return
+    counts = {"done": 0, "skipped": 0, "failed": 0, "running": 0}
+    results: list = []
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(), console=err_console, transient=True,
+    ) as bar:
+        def status() -> str:
+            return (f"[green]{counts['done']} done[/] · {counts['skipped']} skipped · "
+                    f"[cyan]{counts['running']} running[/] · [red]{counts['failed']} failed[/]")
+
+        overall = bar.add_task(f"sweep {plan.name}", total=len(plan.cells), label=status())
+        current = bar.add_task("cell", total=None, label="", visible=plan.executor == "local")
+
+        def start(cell) -> None:
+            counts["running"] += 1
+            bar.update(overall, label=status())
+            bar.update(current, description=cell.name, completed=0, total=None, label="")
+
+        def finish(result) -> None:
+            counts["running"] -= 1
+            counts[result.status] += 1
+            results.append(result)
+            bar.update(overall, advance=1, label=status())
+            if result.status == "failed":
+                err_console.print(f"[red]failed:[/] {result.cell.name}: {result.error}", highlight=False, soft_wrap=True)
+
+        def cell_progress(done: int, total: int, label: str) -> None:
+            bar.update(current, completed=done, total=total, label=label)
+
+        events = sweeps.Events(start, finish, cell_progress)
+        try:
+            sweeps.run_sweep(plan, events, address)
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted; finished cells are kept — rerun `specbench sweep {file}` to continue",
+                              highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+    failed = [r for r in results if r.status == "failed"]
+    out_console.print(f"{plan.name}: {counts['done']} cells run, {counts['skipped']} already finished, "
+                      f"{len(failed)} failed, of {len(plan.cells)} → {plan.results_dir}")
+    if failed:
+        for r in failed:
+            err_console.print(f"[bold red]failed cell[/] {r.cell.name}: {r.error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def main() -> None:

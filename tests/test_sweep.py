@@ -1,0 +1,243 @@
+"""`specbench sweep`: grid expansion, one-line errors for bad files, skip / resume / shared baselines
+with the local executor, and the Ray executor giving the same tokens as the local one (tiny targets)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench import cli, runner, sweep
+
+PROMPTS = [{"id": "p1", "prompt": "List three colours."}, {"id": "p2", "prompt": "1 2 3 4 5 6"}]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _setup(wide_console):
+    yield
+
+
+@pytest.fixture
+def prompts(tmp_path) -> Path:
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.app, [str(a) for a in args])
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def outputs(folder: Path) -> dict[str, dict]:
+    """file name -> {(prompt, turn): output ids} for every parquet in ``folder``."""
+    out = {}
+    for path in sorted(folder.glob("*.parquet")):
+        df = pd.read_parquet(path)
+        out[path.name] = {(p, int(t)): [int(x) for x in ids] for p, t, ids in zip(df["prompt_id"], df["turn"], df["output_ids"])}
+    return out
+
+
+GRID = """
+results_dir = "{res}"
+targets = ["tiny-llama", "tiny-qwen3"]
+tasks = [{{file = "{tasks}", label = "two"}}, {{name = "humaneval", limit = 2, max_new_tokens = 5}}]
+temperatures = [0, 0.5]
+max_new_tokens = 7
+limit = 1
+
+[[drafters]]
+drafter = "ngram"
+set = {{num_draft = [2, 3], min_n = 1}}
+label = "ng{{num_draft}}"
+
+[[drafters]]
+drafter = "ar"
+tasks = ["two"]
+targets = ["tiny-qwen3"]
+"""
+
+
+def test_grid_expands_in_baseline_groups(tmp_path, prompts):
+    plan = sweep.load_sweep(write(tmp_path, GRID.format(res=tmp_path / "res", tasks=prompts)))
+    # 2 targets x 2 tasks x 2 temperatures x 2 ngram settings, plus ar on (tiny-qwen3, two) at 2 temperatures
+    assert len(plan.cells) == 2 * 2 * 2 * 2 + 2
+    names = [c.name for c in plan.cells]
+    assert len(set(names)) == len(names)
+    assert names[0] == "tiny-llama_two_ng2_T0_s0" and names[1] == "tiny-llama_two_ng3_T0_s0"
+    # an explicit ar cell leads its group (the drafters then reuse its rows)
+    qwen_two = [c for c in plan.cells if c.group == ("tiny-qwen3", "two", 0.0, 0)]
+    assert [c.spec.drafter for c in qwen_two] == ["ar", "ngram", "ngram"]
+    assert plan.leaders()[("tiny-qwen3", "two", 0.0, 0)] is qwen_two[0]
+    cell = next(c for c in plan.cells if c.name == "tiny-qwen3_humaneval_ng3_T0.5_s0")
+    assert cell.spec.options == ("num_draft=3", "min_n=1")
+    assert (cell.spec.task, cell.spec.limit, cell.spec.max_new_tokens, cell.spec.temperature) == ("humaneval", 2, 5, 0.5)
+    assert cell.spec.out == tmp_path / "res" / f"{cell.name}.parquet" and cell.spec.resume
+    two = next(c for c in plan.cells if c.task_label == "two")
+    assert (two.spec.task_file, two.spec.limit, two.spec.max_new_tokens) == (prompts, 1, 7)
+    rows = sweep.describe(plan)
+    assert [r["state"] for r in rows] == ["new"] * len(rows)
+    assert rows[1]["baseline"] == "AR of #1" and rows[0]["baseline"] == "runs AR"
+
+
+@pytest.mark.parametrize("body, words", [
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\ncolour = 1\n[[drafters]]\ndrafter = "ngram"\n', ["unknown key 'colour'", "top level"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\nsett = {num_draft = 2}\n',
+     ["unknown key 'sett'", "drafters entry 1 (ngram)"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "nogram"\n',
+     ["cell tiny-llama_humaneval_nogram_T0_s0", "unknown drafter 'nogram'"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\nset = {num_draft = [2, 3], bogus = 1}\n',
+     ["cell tiny-llama_humaneval_ngram-num_draft=2-bogus=1_T0_s0", "unknown --set key 'bogus'"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval", "no-such-task"]\n[[drafters]]\ndrafter = "ngram"\n',
+     ["cell tiny-llama_no-such-task_ngram_T0_s0", "no-such-task"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\nset = {num_draft = [2, 3]}\nlabel = "same"\n',
+     ["both write", "distinct labels"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\ntasks = ["gsm8k"]\n',
+     ["names task 'gsm8k'", "not in 'tasks'"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\nlabel = "{depth}"\n', ["{depth}"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\nexecutor = "slurm"\n[[drafters]]\ndrafter = "ngram"\n', ["unknown executor 'slurm'"]),
+    ('targets = ["tiny-llama"\n', ["not valid TOML"]),
+    ('tasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\n', ["missing 'targets'"]),
+])
+def test_bad_sweep_files_get_one_line(tmp_path, body, words):
+    path = write(tmp_path, body)
+    for args in (["--dry-run"], []):
+        line = one_error_line(invoke("sweep", path, *args))
+        for word in (str(path), *words):
+            assert word in line, f"{word!r} not in {line!r}"
+    assert not (tmp_path / "results").exists()
+
+
+def test_local_sweep_shares_baseline_survives_a_failing_cell_resumes_and_skips(tmp_path, prompts, monkeypatch):
+    res = tmp_path / "res"
+    body = f"""
+results_dir = "{res}"
+targets = ["tiny-llama"]
+tasks = [{{file = "{prompts}", label = "two"}}]
+max_new_tokens = 6
+warmup = false
+file = "{{label}}"
+[[drafters]]
+drafter = "ngram"
+set = {{num_draft = [2, 3]}}
+label = "ng{{num_draft}}"
+"""
+    path = write(tmp_path, body)
+    calls: list[tuple[str, str]] = []
+    original = runner._Session.run_prompt
+
+    def flaky(self, prompt):  # the first cell breaks on its second prompt, after the first is saved
+        calls.append((self.meta["run_id"], prompt.id))
+        if self.meta["run_id"] == "ng2" and prompt.id == "p2":
+            raise RuntimeError("GPU on fire")
+        return original(self, prompt)
+
+    monkeypatch.setattr(runner._Session, "run_prompt", flaky)
+    result = invoke("sweep", path)
+    assert result.exit_code == 1, result.output
+    failed = [ln for ln in result.stderr.splitlines() if ln.startswith("failed cell")]
+    assert failed == ["failed cell ng2: RuntimeError: GPU on fire (at test_sweep.py:" + failed[0].split(":")[-1]]
+    assert "1 cells run, 0 already finished, 1 failed, of 2" in result.stdout
+    # the second cell ran anyway, with its own AR baseline (the first cell's never finished)
+    assert (res / "ng3.parquet").exists() and not (res / "ng2.parquet").exists()
+    assert (res / "ng2.parquet.partial.jsonl").exists()
+    assert sweep.cell_state(sweep.load_sweep(path).cells[0]) == ("resume", "")
+
+    calls.clear()
+    monkeypatch.setattr(runner._Session, "run_prompt", original)
+    monkeypatch.setattr(runner._Session, "run_prompt", lambda self, p: calls.append((self.meta["run_id"], p.id)) or original(self, p))
+    stamp = (res / "ng3.parquet").stat().st_mtime_ns
+    result = invoke("sweep", path)
+    assert result.exit_code == 0, result.output
+    assert "1 cells run, 1 already finished, 0 failed, of 2" in result.stdout
+    # resumed: only ng2's second prompt ran again, paired with the baseline ng3 finished meanwhile;
+    # ng3 was skipped untouched
+    assert calls == [("ng2", "p2")]
+    assert (res / "ng3.parquet").stat().st_mtime_ns == stamp
+    got = outputs(res)
+    assert set(got) == {"ng2.parquet", "ng3.parquet", "ng3.ar-baseline.parquet"}
+    assert got["ng2.parquet"] == got["ng3.ar-baseline.parquet"] == got["ng3.parquet"]  # greedy: lossless
+    assert set(got["ng2.parquet"]) == {("p1", 0), ("p2", 0)}
+
+    # a third run does nothing; a changed setting makes the finished files stale, named per cell
+    calls.clear()
+    assert invoke("sweep", path).exit_code == 0 and calls == []
+    path.write_text(body.replace("max_new_tokens = 6", "max_new_tokens = 9"))
+    rows = sweep.describe(sweep.load_sweep(path))
+    assert all("max_new_tokens=6, the sweep asks max_new_tokens=9" in r["state"] for r in rows), rows
+    result = invoke("sweep", path)
+    assert result.exit_code == 1 and calls == []
+    assert "failed cell ng2: " in result.stderr and "delete the file" in result.stderr
+
+
+def test_baseline_is_shared_within_a_group(tmp_path, prompts):
+    res = tmp_path / "res"
+    path = write(tmp_path, f"""
+results_dir = "{res}"
+targets = ["tiny-qwen3"]
+tasks = [{{file = "{prompts}", label = "two", limit = 1}}]
+max_new_tokens = 5
+warmup = false
+[[drafters]]
+drafter = "ngram"
+set = {{num_draft = [2, 4]}}
+""")
+    plan = sweep.load_sweep(path)
+    results = sweep.run_local(plan)
+    assert [r.status for r in results] == ["done", "done"], [r.error for r in results]
+    assert results[0].baseline == "ran"
+    assert results[1].baseline == f"reused {plan.cells[0].name}.ar-baseline"
+    assert len(list(res.glob("*.ar-baseline.parquet"))) == 1
+
+
+FOUR = """
+results_dir = "{res}"
+targets = ["tiny-llama", "tiny-qwen3"]
+tasks = [{{file = "{tasks}", label = "two"}}]
+max_new_tokens = 5
+warmup = false
+resources = {{cpus = 1}}
+[[drafters]]
+drafter = "ngram"
+set = {{num_draft = [2, 3]}}
+"""
+
+
+def test_ray_executor_matches_local(tmp_path, prompts):
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        print(f"skipping: ray cannot be imported ({exc}); pip install 'specbench[ray]'")
+        pytest.skip(f"ray cannot be imported ({exc})")
+    local = sweep.load_sweep(write(tmp_path, FOUR.format(res=tmp_path / "local", tasks=prompts), "local.toml"))
+    remote = sweep.load_sweep(write(tmp_path, FOUR.format(res=tmp_path / "ray", tasks=prompts), "ray.toml"), "ray")
+    assert len(local.cells) == len(remote.cells) == 4
+    assert [r.status for r in sweep.run_local(local)] == ["done"] * 4
+    start = time.perf_counter()
+    results = sweep.run_ray(remote, num_cpus=2)
+    print(f"ray sweep of 4 cells: {time.perf_counter() - start:.1f} s")
+    assert [r.status for r in results] == ["done"] * 4, [r.error for r in results]
+    assert [r.cell for r in results] == list(remote.cells)
+    # the second cell of each target waited for the first and reused its baseline
+    assert [r.baseline.split(" ")[0] for r in results] == ["ran", "reused", "ran", "reused"]
+    got_local, got_ray = outputs(tmp_path / "local"), outputs(tmp_path / "ray")
+    assert len(got_local) == 6 and got_local == got_ray  # 4 cells + 2 baselines, token for token
+    threads = pd.read_parquet(next((tmp_path / "ray").glob("*.parquet")))["threads"]
+    assert set(threads) == {1}  # the worker used the CPUs the file asked for
