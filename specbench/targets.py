@@ -208,6 +208,8 @@ def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: 
         model, tok = build_tiny(spec)
         model = model.to(device=dev, dtype=dt)
         return Target(spec, model, tok, stop_tokens_of(model, tok))
+    if spec.startswith("random:"):  # a shape target: random weights, any HF config (specbench.hardware)
+        return build_random(spec, dev, dt)
     from specbench.fetch import ALIASES, ensure_alias
 
     if spec in ALIASES:
@@ -320,3 +322,34 @@ def build_tiny(name: str, seed: int = 0):
             raise UserError(f"unknown tiny target '{name}'; choose one of: {', '.join(TINY_TARGETS)}")
     model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tok.pad_token_id)
     return model.float().eval(), tok
+
+
+def build_random(spec: str, dev: torch.device, dt: torch.dtype, seed: int = 0) -> Target:
+    """``random:CONFIG``: a seeded random-init model of any HF config (a bundled shape such as
+    ``llama-3.1-8b`` / ``qwen3-8b``, a config.json or a model directory), built directly on ``dev`` in
+    ``dt``, with the tiny targets' byte tokenizer. Latency does not depend on weight values, so this
+    gives real cost curves and losslessness checks for large shapes with nothing to download."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from specbench.hardware.analytic import load_config
+
+    _, cfg = load_config(spec.split(":", 1)[1])
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise UserError(f"'{spec}': the config has no model_type; pass an HF config.json")
+    tok = tiny_tokenizer()
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    if int(cfg.get("vocab_size", 0)) < len(tok):
+        raise UserError(f"'{spec}': vocab_size must be at least {len(tok)} (the byte tokenizer's)")
+    cfg.update(eos_token_id=eos, bos_token_id=None, pad_token_id=tok.pad_token_id)
+    try:
+        config = AutoConfig.for_model(model_type, **cfg)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"'{spec}': transformers cannot build model_type '{model_type}' ({exc})") from None
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(dev):
+            model = AutoModelForCausalLM.from_config(config, dtype=dt)
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tok.pad_token_id)
+    return Target(spec, model.eval(), tok, (eos,))

@@ -263,3 +263,52 @@ def test_add_projections_to_compare_table():
     direct = project.project_rows(rows[rows["drafter"] == "ngram"], "h100-sxm:engine")
     assert ng["projected_decode_speedup_sum"] == pytest.approx(direct.speedup_sum)
     assert ng["projection"] == "projected"
+
+
+# ------------------------------------------------------------------------------- random: shape targets
+
+SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
+         "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def test_random_target_from_config(tmp_path):
+    from specbench.targets import load_target
+
+    cfg = tmp_path / "small.json"
+    cfg.write_text(json.dumps(SMALL))
+    t1, t2 = load_target(f"random:{cfg}", "cpu"), load_target(f"random:{cfg}", "cpu")
+    assert t1.dtype == torch.float32 and t1.num_layers == 2 and t1.vocab_size == 320
+    for a, b in zip(t1.model.parameters(), t2.model.parameters()):  # seeded: same config, same weights
+        assert torch.equal(a, b)
+    # the cost model reads the same shape the model has
+    assert load_shape(str(cfg)).linear_params == sum(
+        m.weight.numel() for m in t1.model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_random_target_errors():
+    from specbench.errors import UserError
+    from specbench.targets import load_target
+
+    with pytest.raises(UserError, match="no config 'nope'"):
+        load_target("random:nope", "cpu")
+
+
+def test_random_target_run_is_lossless_and_projects(tmp_path):
+    """ngram vs ar on a random: target through the CLI, greedy outputs equal; projection on the result."""
+    from typer.testing import CliRunner
+
+    from specbench import cli, report, results
+
+    cfg = tmp_path / "small.json"
+    cfg.write_text(json.dumps(SMALL))
+    res = CliRunner().invoke(cli.app, ["run", "--target", f"random:{cfg}", "--drafter", "ngram", "--task", "mt-bench",
+                                       "--limit", "2", "--max-new-tokens", "24", "--no-warmup",
+                                       "--results-dir", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    df = results.read_results(results.expand_globs([str(tmp_path / "r" / "*.parquet")]))
+    table = report.compare(df)
+    assert table.loc[table["drafter"] == "ngram", "lossless"].iloc[0] is True
+    out = project.add_projections(df, table, ["h100-sxm:engine"])
+    assert (out.loc[out["drafter"] == "ar", "projected_decode_speedup_sum"] == 1.0).all()
+    assert out.loc[out["drafter"] == "ngram", "projected_decode_speedup_sum"].notna().all()
