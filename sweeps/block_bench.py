@@ -1,95 +1,40 @@
-"""The block-drafter benchmark of the README: `python reports/block_bench.py run|report`.
+"""The README's block-drafter tables from `specbench sweep sweeps/block_bench.toml`: `python sweeps/block_bench.py`.
 
-``run`` calls `specbench run` for every (setting, task) below into ``results/block/`` (skipping
-finished files, resuming interrupted ones), greedy, on the default target. The first run of each
-task runs the AR baseline interleaved with it; the others reuse that baseline, so every speedup of
-a task is against the same AR measurement of this session.
-
-``report`` reads those files and writes ``reports/block_bench.md`` (the tables of the README) and
-``reports/figures/block-budget-sweep.png`` (tau and decode speedup against the node budget).
+Reads the cells of ``sweeps/block_bench.toml`` (their files in ``results/block/``) and writes
+``reports/block_bench.md`` (the tables of the README) and ``reports/figures/block-budget-sweep.png``
+(tau and decode speedup against the node budget). Each cell is paired with the AR baseline of its
+task (the one its sweep group ran first and the others reused).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
 
-from specbench import report, results  # noqa: E402
+from specbench import report, results, sweep  # noqa: E402
 
-OUT = Path("results/block")
-TASKS = {"humaneval": 3, "math500": 3, "gsm8k": 3, "mt-bench": 2}  # prompts (mt-bench: two turns each)
-MAX_NEW = 128
+SWEEP = Path(__file__).with_suffix(".toml")
 BUDGETS = (16, 32, 64, 128)
 SWEEP_TASKS = ("math500", "humaneval")  # the budget sweep (CPU time: 2 tasks of 4)
 
-# (label, drafter, --set options, tasks); budgets count the root. TreeFlash's own marginal tree
-# (ar_approximation=false) IS dflash-marginal: its backbone is the frozen DFlash head, so it is not
-# run twice.
-ALL = tuple(TASKS)
-SETTINGS: list[tuple[str, str, list[str], tuple[str, ...]]] = [
-    ("ngram", "ngram", [], ALL),
-    ("eagle3-60", "eagle3", [], ALL),
-    ("eagle3-16", "eagle3", ["depth=5", "top_k=4", "total_tokens=16"], ALL),
-    ("dflash-chain-16", "dflash", [], ALL),
-    ("treeflash-16", "treeflash", ["budget=16"], ALL),
-    ("treeflash-64", "treeflash", ["budget=64"], ALL),
-    ("jetspec-16", "jetspec", ["budget=16"], ALL),
-    ("dflash-marginal-16", "dflash", ["tree=marginal", "budget=16"], ALL),
-    ("jetspec-kbest-16", "jetspec", ["budget=16", "tree=kbest"], ALL),
-    ("dflash-marginal-64", "dflash", ["tree=marginal", "budget=64"], ALL),
-    *[(f"jetspec-{b}", "jetspec", [f"budget={b}"], SWEEP_TASKS) for b in BUDGETS[1:]],
-    *[(f"dflash-marginal-{b}", "dflash", ["tree=marginal", f"budget={b}"], SWEEP_TASKS) for b in (32, 128)],
-]
 
-
-def run() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for task, limit in TASKS.items():
-        for label, drafter, options, tasks in SETTINGS:
-            if task not in tasks:
-                continue
-            out = OUT / f"{label}-{task}.parquet"
-            if out.exists():
-                continue
-            cmd = ["specbench", "run", "--drafter", drafter, "--task", task, "--limit", str(limit),
-                   "--max-new-tokens", str(MAX_NEW), "--results-dir", str(OUT), "--out", str(out)]
-            cmd += [x for o in options for x in ("--set", o)]
-            if out.with_suffix(".partial.jsonl").exists():
-                cmd.append("--resume")
-            print("+", " ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
-
-
-def _label(path: Path) -> tuple[str, str]:
-    stem = path.name.removesuffix(".parquet")
-    for task in TASKS:
-        if stem.endswith("-" + task):
-            return stem.removesuffix("-" + task), task
-    raise ValueError(path)
-
-
-def load() -> dict[tuple[str, str], dict]:
-    """(setting label, task) -> summary (tau, speedups, draft cost), paired with the task's AR baseline."""
-    files = sorted(OUT.glob("*.parquet"))
+def load(plan: sweep.Sweep) -> dict[tuple[str, str], dict]:
+    """(cell label, task) -> summary (tau, speedups, draft cost), paired with the task's AR baseline."""
+    files = sorted(plan.results_dir.glob("*.parquet"))
     everything = results.read_results(files)
     ar = everything[everything["drafter"] == report.BASELINE_DRAFTER].drop_duplicates(["task", "prompt_id", "turn"], keep="last")
     summaries = {}
-    for path in files:
-        if path.name.endswith(".ar-baseline.parquet"):
+    for cell in plan.cells:
+        if not cell.out.exists():
             continue
-        label, task = _label(path)
-        df = results.read_results([path])
-        baseline = ar[ar["task"] == task].reset_index(drop=True)
-        summaries[(label, task)] = report.run_summary(df, baseline if len(baseline) else None)
-        summaries[(label, task)]["draft_s_per_step"] = report.draft_s_per_step(df)
+        df = results.read_results([cell.out])
+        baseline = ar[ar["task"] == cell.task_label].reset_index(drop=True)
+        summaries[(cell.label, cell.task_label)] = report.run_summary(df, baseline if len(baseline) else None)
+        summaries[(cell.label, cell.task_label)]["draft_s_per_step"] = report.draft_s_per_step(df)
     return summaries
 
 
@@ -98,11 +43,14 @@ def _fmt(x: float, spec: str = ".2f") -> str:
 
 
 def report_tables() -> None:
-    s = load()
-    tasks = [t for t in TASKS if any(k[1] == t for k in s)]
+    plan = sweep.load_sweep(SWEEP)
+    s = load(plan)
+    limits = {c.task_label: c.spec.limit for c in plan.cells}
+    max_new = plan.cells[0].spec.max_new_tokens
+    tasks = [t for t in limits if any(k[1] == t for k in s)]
     lines = ["# Block drafters on smollm2-135m (CPU, greedy)", "",
-             f"Written by `python reports/block_bench.py report` from `results/block/` (at most {MAX_NEW} new tokens; "
-             + ", ".join(f"{t}: {n} prompts" for t, n in TASKS.items()) + "; mt-bench prompts have two turns).", ""]
+             f"Written by `python sweeps/block_bench.py` from `results/block/` (`specbench sweep sweeps/block_bench.toml`; at most {max_new} new tokens; "
+             + ", ".join(f"{t}: {n} prompts" for t, n in limits.items()) + "; mt-bench prompts have two turns).", ""]
 
     lines += ["## tau at an equal node budget (16 nodes, root included)", "",
               "| drafter | tree | " + " | ".join(tasks) + " | mean |", "|---|---|" + "---:|" * (len(tasks) + 1)]
@@ -133,7 +81,7 @@ def report_tables() -> None:
     lines += ["", "## Drafting cost per step", "",
               "| setting | drafter forwards / step | draft ms / step | draft share | tau (mean over tasks) | decode speedup (mean) |",
               "|---|---:|---:|---:|---:|---:|"]
-    for label, *_ in SETTINGS:
+    for label in dict.fromkeys(c.label for c in plan.cells):
         rows = [s[(label, t)] for t in tasks if (label, t) in s]
         label = f"{label} ({len(rows)} tasks)" if len(rows) != len(tasks) else label
         if not rows:
@@ -143,6 +91,7 @@ def report_tables() -> None:
                      f"{_fmt(100 * mean('draft_share'), '.1f')}% | {_fmt(mean('tau_micro'))} | {_fmt(mean('decode_speedup_sum'))}x |")
     lossless = all(r.get("lossless") in (True, None) for r in s.values())
     lines += ["", f"Every paired output equals the AR baseline's token for token: {'yes' if lossless else 'NO'}."]
+    Path("reports").mkdir(exist_ok=True)
     Path("reports/block_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -171,4 +120,4 @@ def report_tables() -> None:
 
 
 if __name__ == "__main__":
-    {"run": run, "report": report_tables}[sys.argv[1] if len(sys.argv) > 1 else "report"]()
+    report_tables()

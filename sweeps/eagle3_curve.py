@@ -1,14 +1,15 @@
-"""tau against training data for EAGLE-3 heads: `python reports/eagle3_curve.py RUN_DIR=RESULTS.parquet ...`
+"""tau against training data for EAGLE-3 heads, from `specbench sweep sweeps/eagle3_curve.toml`:
+`python sweeps/eagle3_curve.py`.
 
-Each argument pairs a `specbench train --out` directory (its training.json gives the data budget,
-whether the answers were regenerated, and the held-out accuracies) with the `specbench run` result
-of that head (tau needs no baseline). Writes reports/figures/eagle3-tau-vs-training-tokens.png and prints a markdown table.
+Each cell of ``sweeps/eagle3_curve.toml`` pairs a `specbench train --out` directory (its
+``--drafter-path``; its training.json gives the data budget, whether the answers were regenerated,
+and the held-out accuracies) with the cell's result file (tau needs no baseline). Writes
+reports/figures/eagle3-tau-vs-training-tokens.png and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -16,15 +17,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specbench import report, results  # noqa: E402
+from specbench import report, results, sweep  # noqa: E402
+
+SWEEP = Path(__file__).with_suffix(".toml")
 
 
-def main(pairs: list[str]) -> None:
+def main() -> None:
     rows = []
-    for pair in pairs:
-        run_dir, parquet = pair.split("=", 1)
+    for cell in sweep.load_sweep(SWEEP).cells:
+        run_dir, parquet = cell.spec.drafter_path, cell.out
+        if not parquet.exists():
+            print(f"skipping {cell.name}: {parquet} is missing (run `specbench sweep {SWEEP}`)")
+            continue
         summary = json.loads((Path(run_dir) / "training.json").read_text())
-        df = results.read_results([Path(parquet)])
+        df = results.read_results([parquet])
         rows.append({
             "head": Path(run_dir).name,
             "regenerate": summary["job"]["regenerate"],
@@ -65,4 +71,4 @@ def main(pairs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
