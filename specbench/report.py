@@ -33,46 +33,35 @@ Glossary (one row = one (prompt, turn); one step = one verify forward of the tar
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import io
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from specbench.errors import UserError
 from specbench.results import read_results
 
 BASELINE_DRAFTER = "ar"
-MAX_DEPTH = 4
 
-COMPARE_COLUMNS = [
-    "target",
-    "task",
-    "drafter",
-    "config",
-    "n_prompts",
-    "tau",
-    "accept_d1",
-    "accept_d2",
-    "accept_d3",
-    "accept_d4",
-    "draft_share",
-    "decode_speedup_sum",
-    "decode_speedup_mean",
-    "e2e_speedup_sum",
-    "e2e_speedup_mean",
-    "lossless",
-]
-
-# Run settings beyond (target, task, drafter, config) that make two rows incomparable. compare()
-# always groups by them; a setting that takes more than one value in the data becomes an extra
-# column right after `config`, so every output row stays distinguishable.
+# Run settings beyond (target, task, drafter, config, checkpoint) that make two rows incomparable.
+# compare() always groups by them; a setting that takes more than one value in the data becomes an
+# extra column after the key columns, so every output row stays distinguishable.
 SETTING_COLUMNS = [
     "temperature",
     "top_p",
@@ -131,9 +120,14 @@ def acceptance_rate(df: pd.DataFrame) -> float:
     return _ratio(accepted, drafted)
 
 
-def accept_at_least(df: pd.DataFrame, max_depth: int = MAX_DEPTH) -> list[float]:
-    """[P(accepted >= d) for d in 1..max_depth] over all steps of all rows (NaN when no step)."""
+def accept_at_least(df: pd.DataFrame, max_depth: int | None = None) -> list[float]:
+    """[P(accepted >= d) for d in 1..max_depth] over all steps of all rows (NaN when no step).
+
+    ``max_depth`` defaults to the deepest accepted length in ``df`` (at least 1).
+    """
     accepted = _per_step(df, "accepted_per_step")
+    if max_depth is None:
+        max_depth = max(1, int(accepted.max())) if accepted.size else 1
     if accepted.size == 0:
         return [NAN] * max_depth
     return [float(np.mean(accepted >= d)) for d in range(1, max_depth + 1)]
@@ -232,6 +226,38 @@ def lossless(pairs: pd.DataFrame) -> bool | None:
 # --------------------------------------------------------------------------------------------
 # compare
 
+# Result columns that may name the checkpoint a drafter loaded. Older files lack them or leave them
+# empty. A row's checkpoint identity is its first non-empty hash column, else its path.
+CHECKPOINT_HASH_COLUMNS = ("checkpoint_sha256", "checkpoint_hash")
+CHECKPOINT_PATH_COLUMN = "checkpoint_path"
+
+# The columns of a compare() frame, in order: the keys (``setting`` is the short label of the
+# drafter options that differ from its defaults, ``config`` the full JSON), ``checkpoint`` and
+# ``checkpoint_path`` when any row names a checkpoint, each SETTING_COLUMN that varies, then the
+# values with one ``accept_d{d}`` per depth (see compare_columns).
+KEY_COLUMNS = ["target", "task", "drafter", "setting", "config"]
+CHECKPOINT_COLUMNS = ["checkpoint", "checkpoint_path"]
+
+
+def accept_columns(depths: int) -> list[str]:
+    """``accept_d1 .. accept_d{depths}``: P(accepted >= d) per depth."""
+    return [f"accept_d{d}" for d in range(1, depths + 1)]
+
+
+def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The columns of a compare() frame with ``depths`` per-depth columns."""
+    return [
+        *KEY_COLUMNS,
+        *(CHECKPOINT_COLUMNS if checkpoint else []),
+        *varying,
+        "n_prompts",
+        "tau",
+        *accept_columns(depths),
+        "draft_share",
+        *_SPEEDUP_KEYS,
+        "lossless",
+    ]
+
 
 def _check_devices(df: pd.DataFrame, allow_mixed: bool) -> None:
     if allow_mixed or df.empty:
@@ -250,48 +276,273 @@ def _check_devices(df: pd.DataFrame, allow_mixed: bool) -> None:
         )
 
 
-def compare(df: pd.DataFrame, allow_mixed: bool = False) -> pd.DataFrame:
-    """One row per (target, task, drafter, drafter_config) with :data:`COMPARE_COLUMNS`.
+def _text(value: Any) -> str:
+    """A cell as stripped text; '' for None, NaN and NA."""
+    if value is None:
+        return ""
+    try:
+        if pd.isna(value):
+            return ""
+    except (TypeError, ValueError):  # arrays and other non-scalars
+        pass
+    return str(value).strip()
+
+
+def checkpoint_identity(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per row: (sha256 of the checkpoint loaded, its path), each '' when the files do not say."""
+    hashes = pd.Series("", index=df.index, dtype=object)
+    for column in reversed(CHECKPOINT_HASH_COLUMNS):  # the first column listed wins
+        if column in df.columns:
+            values = df[column].map(_text)
+            hashes = values.where(values != "", hashes)
+    if CHECKPOINT_PATH_COLUMN in df.columns:
+        paths = df[CHECKPOINT_PATH_COLUMN].map(_text)
+    else:
+        paths = pd.Series("", index=df.index, dtype=object)
+    return hashes, paths
+
+
+def deepest_accepted(df: pd.DataFrame) -> int:
+    """The largest number of drafts accepted in one step over all rows (0 with no step)."""
+    accepted = _per_step(df, "accepted_per_step") if not df.empty else np.zeros(0, dtype=np.int64)
+    return int(accepted.max()) if accepted.size else 0
+
+
+def _natural_key(text: str) -> tuple:
+    """Sort key that orders ``budget=16`` before ``budget=128``."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+
+
+def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = None) -> pd.DataFrame:
+    """One row per (target, task, drafter, drafter_config, checkpoint) with :func:`compare_columns`.
 
     Rows are also grouped by the :data:`SETTING_COLUMNS` (temperature, top_p, top_k, seed,
-    max_new_tokens, device, device_name, dtype). When the data holds one value of each, the columns
-    are exactly COMPARE_COLUMNS; every setting that varies is inserted as a column right after
-    ``config``. ``tau`` is tau micro. A (prompt, turn) run twice with the same settings counts once
-    (the first row read). Speedups pair each row with the ``"ar"`` row of the same PAIR_KEYS, so
-    they never cross devices or targets, even with ``allow_mixed``; data from more than one
-    device (or machine) is refused unless ``allow_mixed``.
+    max_new_tokens, device, device_name, dtype); every setting that varies in the data becomes a
+    column after the keys. Two runs of one drafter with different checkpoints (``checkpoint_sha256``
+    or ``checkpoint_hash``, else ``checkpoint_path``, when the files carry them) never share a row;
+    their ``setting`` labels then end in ``@`` and a short hash. ``setting`` lists the options that
+    differ from the drafter's defaults (:func:`setting_labels`), ``config`` is the full JSON.
+
+    ``tau`` is tau micro. ``accept_d1 .. accept_dK`` run to the deepest accepted depth in the data
+    (at least 1), or to ``depths`` when that is smaller. A (prompt, turn) run twice with the same
+    settings counts once (the first row read). Speedups pair each row with the ``"ar"`` row of the
+    same PAIR_KEYS, so they never cross devices or targets, even with ``allow_mixed``; data from
+    more than one device (or machine) is refused unless ``allow_mixed``.
+
+    Rows come ordered by target, task, then drafter with the AR baseline first, then setting.
+    The frame is plain: callers may add columns before formatting it. ``attrs["shared"]`` holds the
+    target and settings that are the same on every row (for a table title).
     """
+    if depths is not None and depths < 1:
+        raise UserError(f"--depths {depths}: give 1 or more (the deepest per-depth acceptance shown)")
     _check_devices(df, allow_mixed)
+    n_depths = max(1, deepest_accepted(df))
+    if depths is not None:
+        n_depths = min(n_depths, depths)
     if df.empty:
-        return pd.DataFrame(columns=COMPARE_COLUMNS)
+        out = pd.DataFrame(columns=compare_columns(n_depths))
+        out.attrs["shared"] = {}
+        return out
+
+    hashes, paths = checkpoint_identity(df)
+    df = df.assign(_ckpt=hashes.where(hashes != "", paths), _ckpt_hash=hashes, _ckpt_path=paths)
+    with_checkpoint = bool((df["_ckpt"] != "").any())
     varying = [c for c in SETTING_COLUMNS if df[c].nunique(dropna=False) > 1]
+    shared = {c: _plain(df[c].iloc[0]) for c in ["target", *SETTING_COLUMNS] if c not in varying and df[c].nunique(dropna=False) == 1}
     baseline = df[df["drafter"] == BASELINE_DRAFTER]
-    group_keys = ["target", "task", "drafter", "drafter_config", *SETTING_COLUMNS]
+    group_keys = ["target", "task", "drafter", "drafter_config", "_ckpt", *SETTING_COLUMNS]
+    groups = [(dict(zip(group_keys, key)), group) for key, group in df.groupby(group_keys, sort=False, dropna=False)]
+    labels = setting_labels((str(f["drafter"]), _text(f["drafter_config"]), f["_ckpt"]) for f, _ in groups)
 
     records = []
-    for key, group in df.groupby(group_keys, sort=True, dropna=False):
-        fields = dict(zip(group_keys, key))
+    for fields, group in groups:
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
         pairs = pair_with_baseline(group, baseline)
-        depth = accept_at_least(group)
+        depth = accept_at_least(group, n_depths)
+        checkpoint = {}
+        if with_checkpoint:
+            chk_paths = sorted({p for p in group["_ckpt_path"] if p})
+            checkpoint = {
+                "checkpoint": group["_ckpt_hash"].iloc[0] or None,
+                "checkpoint_path": "; ".join(chk_paths) or None,
+            }
         records.append(
             {
                 "target": fields["target"],
                 "task": fields["task"],
                 "drafter": fields["drafter"],
+                "setting": labels[(str(fields["drafter"]), _text(fields["drafter_config"]), fields["_ckpt"])],
                 "config": fields["drafter_config"],
+                **checkpoint,
                 **{c: fields[c] for c in varying},
                 "n_prompts": int(group["prompt_id"].nunique()),
                 "tau": tau_micro(group),
-                **{f"accept_d{d}": depth[d - 1] for d in range(1, MAX_DEPTH + 1)},
+                **{f"accept_d{d}": depth[d - 1] for d in range(1, n_depths + 1)},
                 "draft_share": draft_share(group),
                 **speedups(pairs),
                 "lossless": lossless(pairs),
+                "_ckpt": fields["_ckpt"],
             }
         )
-    columns = COMPARE_COLUMNS[:4] + varying + COMPARE_COLUMNS[4:]
+
+    def order(rec: dict) -> tuple:
+        return (
+            _natural_key(_text(rec["target"])),
+            _natural_key(_text(rec["task"])),
+            rec["drafter"] != BASELINE_DRAFTER,
+            _natural_key(_text(rec["drafter"])),
+            rec["setting"] != "default",
+            _natural_key(rec["setting"]),
+            rec["_ckpt"],
+            *(_natural_key(_text(rec[c])) for c in varying),
+        )
+
+    records.sort(key=order)
+    columns = compare_columns(n_depths, with_checkpoint, varying)
     out = pd.DataFrame.from_records(records, columns=columns)
     out["lossless"] = out["lossless"].astype(object)
+    for column in CHECKPOINT_COLUMNS if with_checkpoint else []:  # None, not NaN, where unknown
+        out[column] = out[column].astype(object).where(out[column].notna(), None)
+    out.attrs["shared"] = shared
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# setting labels
+
+_NO_DEFAULT = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _drafter_defaults(name: str) -> tuple[tuple[str, Any], ...] | None:
+    """(option, default) of an installed drafter's Config, in declaration order; None when the
+    drafter is not installed or its class does not load."""
+    try:
+        from specbench.drafter import available_drafters
+
+        entry = available_drafters().get(name)
+        if entry is None:
+            return None
+        config_cls = entry.load().Config
+        fields = dataclasses.fields(config_cls)
+    except Exception:  # noqa: BLE001 - a missing or broken plugin falls back to the JSON label
+        return None
+    out = []
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            out.append((f.name, f.default))
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out.append((f.name, f.default_factory()))  # type: ignore[misc]
+        else:
+            out.append((f.name, _NO_DEFAULT))
+    return tuple(out)
+
+
+def _canonical(value: Any) -> Any:
+    """A value as JSON would store it (tuples -> lists), so defaults compare with stored configs."""
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _option_text(value: Any) -> str:
+    """A short text for one option value: a path by its last part, floats by %g."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_option_text(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    text = str(value)
+    if "/" in text or "\\" in text:
+        text = re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text
+    return text
+
+
+def _parse_options(config: str) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(config) if config else {}
+    except (TypeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _label(options: dict[str, Any], keys: list[str]) -> str:
+    parts = [f"{k}={_option_text(options[k])}" for k in keys if k in options]
+    return ", ".join(parts) if parts else "default"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:7]
+
+
+def _checkpoint_tags(identities: list[str]) -> dict[str, str]:
+    """A short distinct tag per checkpoint identity: 7 hex digits of a hash, or a path's last part."""
+    tags = {i: i[:7] if re.fullmatch(r"[0-9a-fA-F]{7,}", i) else _option_text(i) for i in identities}
+    if len(set(tags.values())) < len(tags):
+        tags = {i: _short_hash(i) for i in identities}
+    return tags
+
+
+def setting_labels(items: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
+    """A short label per (drafter, config JSON, checkpoint identity).
+
+    The label lists the options whose value differs from the default of the drafter's ``Config``
+    (``budget=32, tree=marginal``; a path by its last part), in the Config's order, or ``default``.
+    When the drafter is not installed, the options that differ between its configs in ``items``
+    are listed instead (all of them when there is only one config). Distinct configs always get
+    distinct labels: should two read alike (two paths with one last part), ``#`` and a hash of
+    the config follow. When a drafter appears with more than one checkpoint, each label of a row
+    with a checkpoint ends in ``@`` and a short tag of it (7 hex digits of its sha256).
+    """
+    by_drafter: dict[str, set[tuple[str, str]]] = {}
+    for drafter, config, ckpt in items:
+        by_drafter.setdefault(drafter, set()).add((config, ckpt))
+    out: dict[tuple[str, str, str], str] = {}
+    for drafter, pairs in by_drafter.items():
+        configs = sorted({c for c, _ in pairs})
+        parsed = {c: _parse_options(c) for c in configs}
+        defaults = _drafter_defaults(drafter)
+        base: dict[str, str] = {}
+        if defaults is not None:
+            default_of = dict(defaults)
+            for c in configs:
+                options = parsed[c]
+                if options is None:
+                    base[c] = c or "default"
+                    continue
+                keys = [k for k, _ in defaults] + sorted(k for k in options if k not in default_of)
+                differ = [
+                    k for k in keys
+                    if k in options and (default_of.get(k, _NO_DEFAULT) is _NO_DEFAULT
+                                         or _canonical(options[k]) != _canonical(default_of[k]))
+                ]
+                base[c] = _label(options, differ)
+        else:
+            dicts = [parsed[c] or {} for c in configs]
+            keys = sorted({k for d in dicts for k in d})
+            if len(configs) > 1:
+                keys = [k for k in keys if len({json.dumps(d.get(k, "<unset>"), sort_keys=True, default=str) for d in dicts}) > 1]
+            for c in configs:
+                base[c] = _label(parsed[c], keys) if parsed[c] is not None else (c or "default")
+        seen: dict[str, int] = {}
+        for label in base.values():
+            seen[label] = seen.get(label, 0) + 1
+        for c in configs:
+            if seen[base[c]] > 1:
+                base[c] = f"{base[c]} #{_short_hash(c)}"
+        identities = {k for _, k in pairs}
+        tags = _checkpoint_tags(sorted(i for i in identities if i)) if len(identities) > 1 else {}
+        for config, ckpt in pairs:
+            label = base[config]
+            if ckpt in tags:
+                label = f"{label} @{tags[ckpt]}"
+            out[(drafter, config, ckpt)] = label
     return out
 
 
@@ -330,8 +581,11 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
+_TEXT_COLUMNS = {"target", "task", "drafter", "setting", "config", "checkpoint", "checkpoint_path", "device", "device_name", "dtype"}
+
+
 def _numeric(column: str) -> bool:
-    return column not in ("target", "task", "drafter", "config", "device", "device_name", "dtype")
+    return column not in _TEXT_COLUMNS
 
 
 def compare_records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -339,33 +593,300 @@ def compare_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{c: _plain(v) for c, v in zip(df.columns, row)} for row in df.itertuples(index=False)]
 
 
-# Short headers for the human table (json / csv / markdown keep the field names).
-_TABLE_HEADERS = {
-    "n_prompts": "n",
-    **{f"accept_d{d}": f"acc>={d}" for d in range(1, MAX_DEPTH + 1)},
-    "draft_share": "draft",
-    "decode_speedup_sum": "decode\n(sum)",
+# The human table. ACCEPT is its compact per-depth column: P(accepted >= d) in percent for
+# d = 1..K, joined by "/", trailing zeros left out (the accept_d* fields hold the numbers).
+ACCEPT = "accept"
+
+# Column headers in the table (json / csv / markdown keep the field names). A column added to a
+# compare() frame by a caller shows under its own name unless it is given a header here.
+TABLE_HEADERS = {
+    "n_prompts": "prompts",
+    "draft_share": "draft\nshare",
+    "decode_speedup_sum": "decode\nspeedup",
     "decode_speedup_mean": "decode\n(mean)",
-    "e2e_speedup_sum": "e2e\n(sum)",
+    "e2e_speedup_sum": "e2e\nspeedup",
     "e2e_speedup_mean": "e2e\n(mean)",
+    "temperature": "T",
+    "top_p": "top-p",
+    "top_k": "top-k",
+    "max_new_tokens": "max\nnew",
+    "device_name": "hardware",
+    "checkpoint_path": "checkpoint\npath",
+}
+
+# The default table: the key columns (never hidden; target only when there is more than one, then
+# every SETTING_COLUMN the frame has), then these value columns. When the terminal is too narrow,
+# HIDE_FIRST are dropped in this order and named under the table; if the keys and the remaining
+# values still do not fit, each row is printed as one record instead. A caller that adds a column
+# to the frame and wants it in the default table appends it to both lists.
+TABLE_VALUES = ["n_prompts", "tau", ACCEPT, "draft_share", "decode_speedup_sum", "lossless"]
+HIDE_FIRST = ["draft_share", "n_prompts", ACCEPT]
+
+# Words for --columns / --sort besides the field names (the table's headers).
+_ALIASES = {
+    "prompts": "n_prompts",
+    "draft": "draft_share",
+    "draft share": "draft_share",
+    "speedup": "decode_speedup_sum",
+    "decode speedup": "decode_speedup_sum",
+    "acc": ACCEPT,
+    "p(acc)": ACCEPT,
 }
 
 
-def compare_table(df: pd.DataFrame, title: str | None = None) -> Table:
-    """A rich Table of a compare() frame (short headers; the config column wraps)."""
-    table = Table(title=title)
-    for column in df.columns:
+def _depth_columns(df: pd.DataFrame) -> list[str]:
+    return sorted((c for c in df.columns if re.fullmatch(r"accept_d\d+", str(c))), key=lambda c: int(c[8:]))
+
+
+def _valid_names(df: pd.DataFrame) -> list[str]:
+    return [*map(str, df.columns), ACCEPT]
+
+
+def resolve_column(df: pd.DataFrame, name: str, option: str) -> str:
+    """A field name of ``df`` (or ACCEPT) for a user's column name; unknown names raise UserError."""
+    key = name.strip()
+    lowered = key.lower()
+    if key in df.columns or key == ACCEPT:
+        return key
+    if lowered in df.columns:
+        return lowered
+    alias = _ALIASES.get(lowered)
+    if alias is not None and (alias in df.columns or alias == ACCEPT):
+        return alias
+    raise UserError(f"unknown column '{key}' for {option}; valid columns: {', '.join(_valid_names(df))}")
+
+
+def parse_columns(df: pd.DataFrame, spec: str) -> list[str]:
+    """``"a,b,c"`` -> column names of ``df`` (ACCEPT for the compact per-depth column)."""
+    names = [part for part in (p.strip() for p in spec.split(",")) if part]
+    if not names:
+        raise UserError(f"--columns needs at least one column; valid columns: {', '.join(_valid_names(df))}")
+    out: list[str] = []
+    for name in names:
+        column = resolve_column(df, name, "--columns")
+        if column not in out:
+            out.append(column)
+    return out
+
+
+def sort_compare(df: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Rows of a compare() frame ordered by ``column``: numbers high to low, text A to Z, missing
+    values last; ties keep their order. ``accept`` sorts by accept_d1."""
+    key = resolve_column(df, column, "--sort")
+    if key == ACCEPT:
+        depth = _depth_columns(df)
+        if not depth:
+            return df
+        key = depth[0]
+    numeric = _numeric(key)
+    values = df[key]
+    if numeric:
+        values = pd.to_numeric(values.map(lambda v: None if _plain(v) is None else float(_plain(v))), errors="coerce")
+    else:
+        values = values.map(lambda v: None if _plain(v) is None else _natural_key(str(v)))
+
+    def sort_key(i: int) -> tuple:
+        value = values.iloc[i]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return (1, 0)
+        return (0, -value if numeric else value)
+
+    order = sorted(range(len(df)), key=sort_key)
+    out = df.iloc[order].reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def select_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The frame with only ``columns`` (ACCEPT expands to every accept_d*)."""
+    fields: list[str] = []
+    for column in columns:
+        for field in (_depth_columns(df) if column == ACCEPT else [column]):
+            if field not in fields:
+                fields.append(field)
+    out = df[fields]
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def _accept_cell(values: list[Any]) -> str:
+    plain = [_plain(v) for v in values]
+    if not plain or all(v is None for v in plain):
+        return "-"
+    parts = ["-" if v is None else str(int(math.floor(100 * float(v) + 0.5))) for v in plain]
+    while len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return "/".join(parts)
+
+
+def _header(df: pd.DataFrame, column: str) -> str:
+    if column == ACCEPT:
+        n = len(_depth_columns(df))
+        return f"P(acc>=d) %\nd=1..{n}" if n > 1 else "P(acc>=d) %\nd=1"
+    if column.startswith("accept_d"):
+        return f"acc>={column[8:]}"
+    return TABLE_HEADERS.get(column, column)
+
+
+def _cells(df: pd.DataFrame, column: str) -> list[str]:
+    if column == ACCEPT:
+        depth = _depth_columns(df)
+        return [_accept_cell(list(row)) for row in df[depth].itertuples(index=False)] if depth else ["-"] * len(df)
+    return [_cell(column, v) for v in df[column]]
+
+
+def _wraps(column: str, wide: bool) -> bool:
+    """Only text that reads well broken at spaces may wrap: the setting label (and config when not --wide)."""
+    return column == "setting" or (column == "config" and not wide)
+
+
+@dataclass
+class _Column:
+    name: str
+    header: str
+    cells: list[str]
+    wrap: bool
+
+    @property
+    def natural(self) -> int:
+        return max(cell_len(line) for text in [self.header, *self.cells] for line in text.split("\n"))
+
+    @property
+    def minimum(self) -> int:
+        if not self.wrap:
+            return self.natural
+        words = [w for text in [self.header, *self.cells] for w in text.split()]
+        return max((cell_len(w) for w in words), default=1)
+
+
+def _table(specs: list[_Column], n_rows: int, title: str | None = None, caption: str | None = None) -> Table:
+    """A borderless rich table (a rule under the headers, one space of padding between columns).
+
+    Numbers never wrap and never shrink below their width; the text columns that may wrap
+    (:func:`_wraps`) break at spaces and keep their longest word whole."""
+    table = Table(title=title, caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, collapse_padding=True)
+    for spec in specs:
         table.add_column(
-            _TABLE_HEADERS.get(column, column),
-            justify="right" if _numeric(column) else "left",
-            no_wrap=column != "config",
-            overflow="fold" if column == "config" else "ellipsis",
-            min_width=12 if column == "config" else None,
-            max_width=48 if column == "config" else None,
+            spec.header,
+            justify="right" if _numeric(spec.name) and spec.name != ACCEPT else "left",  # depth 1 values align
+            no_wrap=not spec.wrap,
+            overflow="fold",
+            min_width=spec.minimum,
         )
-    for row in df.itertuples(index=False):
-        table.add_row(*(_cell(c, v) for c, v in zip(df.columns, row)))
+    for i in range(n_rows):
+        table.add_row(*(s.cells[i] for s in specs))
     return table
+
+
+def _measure(table: Table) -> Measurement:
+    """(narrowest, natural) width of a table, as rich lays it out."""
+    console = Console(file=io.StringIO(), width=100_000, color_system=None)
+    return Measurement.get(console, console.options, table)
+
+
+def _title(df: pd.DataFrame, columns: list[str]) -> str | None:
+    shared = dict(df.attrs.get("shared", {}))
+    parts = []
+    if "target" not in columns and shared.get("target") is not None:
+        parts.append(str(shared["target"]))
+    temperature = shared.get("temperature")
+    if temperature is not None:
+        parts.append("greedy" if float(temperature) == 0.0 else f"T={temperature:g}")
+    if shared.get("max_new_tokens") is not None:
+        parts.append(f"max {shared['max_new_tokens']} new tokens")
+    if shared.get("device") is not None:
+        parts.append(" ".join(str(shared[k]) for k in ("device", "dtype") if shared.get(k) is not None))
+    return " · ".join(parts) or None
+
+
+@dataclass
+class CompareView:
+    """What the table format prints: a rich table (or one record per row), the width to render it
+    at, and the value columns hidden to fit (named in ``note``)."""
+
+    renderables: list[RenderableType]
+    width: int
+    hidden: list[str]
+
+    def text(self) -> str:
+        console = Console(file=io.StringIO(), width=self.width, color_system=None, force_terminal=False,
+                          highlight=False, emoji=False, markup=False)
+        for item in self.renderables:
+            console.print(item, crop=False)
+        return console.file.getvalue()
+
+
+def _records_view(df: pd.DataFrame, columns: list[_Column], keys: list[str], width: int, caption: str | None) -> list[RenderableType]:
+    """One record per row: the keys on one line, then ``header value`` pairs filled to ``width``."""
+    lines: list[RenderableType] = []
+    for i in range(len(df)):
+        head = " · ".join(c.cells[i] for c in columns if c.name in keys)
+        pairs = [f"{' '.join(c.header.split())} {c.cells[i]}" for c in columns if c.name not in keys]
+        lines.append(Text(head))
+        current = ""
+        for pair in pairs:  # fill lines with whole "header value" pairs
+            if current and cell_len(f"  {current}  {pair}") > width:
+                lines.append(Text(f"  {current}"))
+                current = pair
+            else:
+                current = f"{current}  {pair}" if current else pair
+        if current:
+            lines.append(Text(f"  {current}"))
+    if caption:
+        lines.append(Text(caption))
+    return lines
+
+
+def compare_view(df: pd.DataFrame, width: int = 100, wide: bool = False, columns: list[str] | None = None) -> CompareView:
+    """The compare table of a compare() frame for a terminal ``width`` columns wide.
+
+    By default: the key columns (target when there is more than one, task, drafter, setting, the
+    settings that vary) and :data:`TABLE_VALUES`, with per-depth acceptance in one compact column.
+    No number is ever cut: when the table is too wide, :data:`HIDE_FIRST` columns are dropped (and
+    named in a line under it), and when even that does not fit, each row becomes a record.
+    ``wide`` shows every column of the frame; ``columns`` exactly those (ACCEPT for the compact
+    column); both take their natural width, which may exceed ``width``.
+    """
+    varying = [c for c in SETTING_COLUMNS if c in df.columns]
+    if wide:
+        names = list(map(str, df.columns))
+    elif columns:
+        names = list(columns)
+    else:
+        many_targets = "target" in df.columns and df["target"].nunique(dropna=False) > 1
+        names = [*(["target"] if many_targets else []), "task", "drafter", "setting", *varying]
+        names = [c for c in names if c in df.columns]
+        names += [c for c in TABLE_VALUES if c == ACCEPT or c in df.columns]
+    keys = [c for c in names if c in ("target", "task", "drafter", "setting", *varying)]
+    specs = [_Column(c, _header(df, c), _cells(df, c), _wraps(c, wide)) for c in names]
+    has_accept = any(c.name == ACCEPT for c in specs)
+    caption = None
+    if has_accept:
+        n = len(_depth_columns(df))
+        caption = (f"P(acc>=d): % of steps accepting >= d drafts, d=1..{n} (trailing 0s left out)" if n > 1
+                   else "P(acc>=d): % of steps accepting >= d drafts, d=1")
+
+    hidden: list[str] = []
+    fixed = wide or bool(columns)
+    if not fixed:
+        order = [c for c in HIDE_FIRST if any(s.name == c for s in specs)]
+        while _measure(_table(specs, len(df))).minimum > width and order:
+            name = order.pop(0)
+            hidden.append(name)
+            specs = [s for s in specs if s.name != name]
+        if _measure(_table(specs, len(df))).minimum > width:  # not even the keys and main values fit
+            every = [_Column(c, _header(df, c), _cells(df, c), False) for c in names]
+            return CompareView(_records_view(df, every, keys, width, caption if has_accept else None), width, [])
+
+    shows_accept = any(s.name == ACCEPT for s in specs)
+    table = _table(specs, len(df), _title(df, names), caption if shows_accept else None)
+    render_width = max(width, _measure(table).maximum) if fixed else width
+    renderables: list[RenderableType] = [table]
+    if hidden:
+        words = ", ".join("P(acc>=d)" if h == ACCEPT else " ".join(_header(df, h).split()) for h in hidden)
+        renderables.append(Text(f"hidden to fit {width} columns: {words}; --wide shows all"))
+    return CompareView(renderables, render_width, hidden)
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -373,30 +894,29 @@ def _markdown(df: pd.DataFrame) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = [
-        "| " + " | ".join(escape(c) for c in df.columns) + " |",
-        "|" + "|".join("---:" if _numeric(c) else ":---" for c in df.columns) + "|",
+        "| " + " | ".join(escape(str(c)) for c in df.columns) + " |",
+        "|" + "|".join("---:" if _numeric(str(c)) else ":---" for c in df.columns) + "|",
     ]
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(escape(_cell(c, v)) for c, v in zip(df.columns, row)) + " |")
+        lines.append("| " + " | ".join(escape(_cell(str(c), v)) for c, v in zip(df.columns, row)) + " |")
     return "\n".join(lines) + "\n"
 
 
-def format_compare(df: pd.DataFrame, fmt: str, width: int = 1000) -> str:
-    """A compare() frame as text: ``table`` (rich, plain text), ``json``, ``csv`` or ``markdown``.
-
-    ``width`` bounds the table; the default lets it take its natural width (config wraps at 48).
-    """
+def format_compare(df: pd.DataFrame, fmt: str, width: int = 100, wide: bool = False,
+                   columns: list[str] | None = None) -> str:
+    """A compare() frame as text: ``table`` (rich, plain text, see :func:`compare_view`), ``json``,
+    ``csv`` or ``markdown`` (every column, full config). ``columns`` picks columns in any format."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "table":
+        return compare_view(df, width, wide=wide, columns=columns).text()
+    if columns:
+        df = select_columns(df, columns)
     if fmt == "json":
         return json.dumps(compare_records(df), indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         return df.to_csv(index=False)
-    if fmt == "markdown":
-        return _markdown(df)
-    if fmt == "table":
-        console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
-        console.print(compare_table(df))
-        return console.file.getvalue()
-    raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return _markdown(df)
 
 
 # --------------------------------------------------------------------------------------------

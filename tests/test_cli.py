@@ -20,7 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from specbench import cli
-from specbench.report import COMPARE_COLUMNS
+from specbench.report import compare_columns
 from specbench.targets import tiny_tokenizer
 
 TARGET = "tiny-llama"
@@ -225,17 +225,18 @@ def test_compare_json(mt_run):
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)
     assert isinstance(records, list) and len(records) == 2
+    depths = len([k for k in records[0] if k.startswith("accept_d")])
+    assert depths >= 1
     for rec in records:
         assert isinstance(rec, dict)
-        assert list(rec) == COMPARE_COLUMNS
-        assert set(rec) == {
-            "target", "task", "drafter", "config", "n_prompts", "tau", "accept_d1", "accept_d2",
-            "accept_d3", "accept_d4", "draft_share", "decode_speedup_sum", "decode_speedup_mean",
-            "e2e_speedup_sum", "e2e_speedup_mean", "lossless",
+        assert list(rec) == compare_columns(depths)
+        assert set(rec) >= {
+            "target", "task", "drafter", "setting", "config", "n_prompts", "tau", "accept_d1", "draft_share",
+            "decode_speedup_sum", "decode_speedup_mean", "e2e_speedup_sum", "e2e_speedup_mean", "lossless",
         }
         assert rec["target"] == TARGET and rec["task"] == "mt-bench" and rec["n_prompts"] == 2
     by = {rec["drafter"]: rec for rec in records}
-    assert set(by) == {"ar", "ngram"}
+    assert list(by) == ["ar", "ngram"]  # the baseline first
     assert by["ar"]["tau"] == 1.0
     assert by["ar"]["accept_d1"] == 0.0
     assert by["ar"]["lossless"] is True  # the baseline pairs with itself
@@ -244,6 +245,7 @@ def test_compare_json(mt_run):
     for key in ("decode_speedup_sum", "decode_speedup_mean", "e2e_speedup_sum", "e2e_speedup_mean"):
         assert by["ngram"][key] > 0
     assert json.loads(by["ngram"]["config"])["num_draft"] == 7
+    assert by["ngram"]["setting"] == "default" and by["ar"]["setting"] == "default"
 
 
 def test_compare_glob_csv_markdown_table(mt_run):
@@ -251,8 +253,9 @@ def test_compare_glob_csv_markdown_table(mt_run):
     result = invoke("compare", pattern, "--format", "csv")
     assert result.exit_code == 0, result.output
     df = pd.read_csv(io.StringIO(result.stdout))
-    assert list(df.columns) == COMPARE_COLUMNS
-    assert sorted(df["drafter"]) == ["ar", "ngram"]
+    columns = compare_columns(len([c for c in df.columns if c.startswith("accept_d")]))
+    assert list(df.columns) == columns
+    assert list(df["drafter"]) == ["ar", "ngram"]
     assert df.loc[df["drafter"] == "ar", "tau"].item() == 1.0
 
     result = invoke("compare", pattern, "--format", "markdown")
@@ -261,14 +264,63 @@ def test_compare_glob_csv_markdown_table(mt_run):
     assert len(lines) == 4  # header, rule, 2 rows
     assert all(line.startswith("|") and line.endswith("|") for line in lines)
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == COMPARE_COLUMNS
+    assert header == columns
     assert set(lines[1].strip("|").split("|")) <= {"---:", ":---"}
-    assert len(lines[1].strip("|").split("|")) == len(COMPARE_COLUMNS)
-    assert "ngram" in result.stdout and "yes" in result.stdout
+    assert len(lines[1].strip("|").split("|")) == len(columns)
+    assert "ngram" in result.stdout and "yes" in result.stdout and '"num_draft": 7' in result.stdout
 
     result = invoke("compare", str(mt_run["res"]))  # a folder means its *.parquet; table format
     assert result.exit_code == 0, result.output
     assert "ngram" in result.stdout and "ar" in result.stdout
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_compare_table_fits_the_terminal(mt_run, monkeypatch, width):
+    monkeypatch.setattr(cli.out_console, "_width", width)
+    result = invoke("compare", str(mt_run["res"]))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "…" not in result.stdout and "{" not in result.stdout  # no cut cell, no config JSON
+    header = next(line for line in lines if line.startswith("task"))
+    assert header.split()[:3] == ["task", "drafter", "setting"]
+    rows = [line.split() for line in lines if line.startswith("mt-bench ")]
+    assert [r[1:3] for r in rows] == [["ar", "default"], ["ngram", "default"]]
+    assert "tiny-llama" in lines[0]  # one target: named in the title
+
+
+def test_compare_wide_columns_sort_depths(mt_run, monkeypatch):
+    monkeypatch.setattr(cli.out_console, "_width", 80)
+    res = str(mt_run["res"])
+    wide = invoke("compare", res, "--wide")
+    assert wide.exit_code == 0, wide.output
+    assert '"num_draft": 7' in wide.stdout and "e2e" in wide.stdout and "…" not in wide.stdout
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80  # its natural width
+
+    result = invoke("compare", res, "--columns", "drafter,tau,speedup", "--format", "csv", "--sort", "tau")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(io.StringIO(result.stdout))
+    assert list(df.columns) == ["drafter", "tau", "decode_speedup_sum"]
+    assert list(df["tau"]) == sorted(df["tau"], reverse=True)
+
+    result = invoke("compare", res, "--columns", "drafter,tau", "--sort", "drafter")
+    assert result.exit_code == 0, result.output
+    assert [line.split()[0] for line in result.stdout.splitlines()[-2:]] == ["ar", "ngram"]
+
+    result = invoke("compare", res, "--depths", "1", "--format", "json")
+    assert [k for k in json.loads(result.stdout)[0] if k.startswith("accept_d")] == ["accept_d1"]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--sort", "speed"], ["unknown column 'speed' for --sort", "valid columns:", "tau", "decode_speedup_sum"]),
+        (["--columns", "task,bogus"], ["unknown column 'bogus' for --columns", "valid columns:", "setting"]),
+        (["--depths", "0"], ["--depths 0"]),
+    ],
+)
+def test_compare_bad_options_are_one_line(mt_run, args, words):
+    assert_user_error(invoke("compare", str(mt_run["res"]), *args), *words)
 
 
 def test_compare_glob_matching_nothing(tmp_path):
@@ -392,6 +444,13 @@ def test_run_help():
     for name in ("--drafter", "--task-file", "--target", "--max-new-tokens", "--set", "--resume", "--out",
                  "--results-dir", "--no-baseline", "--no-warmup"):
         assert name in result.stdout, name
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["compare"], ["train"]])
+def test_help_shows_no_bool_metavar(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.stdout and "<bool>" not in result.stdout
 
 
 def test_no_args_shows_commands():

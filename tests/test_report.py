@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -11,23 +12,31 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
 
 from specbench import report
+from specbench.drafter import available_drafters, config_json
 from specbench.errors import UserError
 from rowfactory import synthetic_row
 from specbench.report import (
-    COMPARE_COLUMNS,
     accept_at_least,
     accepted_histogram,
     acceptance_rate,
     compare,
+    compare_columns,
+    compare_view,
     draft_share,
     drafter_forwards_per_step,
     find_baseline,
     format_compare,
     lossless,
     pair_with_baseline,
+    parse_columns,
     run_summary,
+    setting_labels,
+    sort_compare,
     speedups,
     tau_macro,
     tau_micro,
@@ -80,7 +89,8 @@ def test_tau(two_rows):
 
 def test_acceptance_and_costs(two_rows):
     assert acceptance_rate(two_rows) == pytest.approx(7 / 24)  # 6 steps x 4 drafted nodes
-    assert accept_at_least(two_rows) == pytest.approx([3 / 6, 2 / 6, 2 / 6, 0.0])
+    assert accept_at_least(two_rows, 4) == pytest.approx([3 / 6, 2 / 6, 2 / 6, 0.0])
+    assert accept_at_least(two_rows) == pytest.approx([3 / 6, 2 / 6, 2 / 6])  # to the deepest accepted
     hist = accepted_histogram(two_rows)
     assert list(hist.index) == [0, 1, 2, 3] and list(hist) == [3, 1, 0, 2]
     assert draft_share(two_rows) == pytest.approx(0.75 / 3.0)
@@ -92,7 +102,8 @@ def test_ar_baseline_metrics():
     df = frame(ar_row("p0", n_new=5))
     assert tau_micro(df) == 1.0
     assert math.isnan(acceptance_rate(df))  # nothing drafted
-    assert accept_at_least(df) == [0.0, 0.0, 0.0, 0.0]
+    assert accept_at_least(df) == [0.0]
+    assert accept_at_least(df, 4) == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_empty_metrics_are_nan():
@@ -167,20 +178,44 @@ def test_pairs_never_cross_devices():
 # compare
 
 
+def drafter_default(name: str, option: str):
+    """The default of one option of an installed drafter (read from its Config, as compare does)."""
+    config = available_drafters()[name].load().Config
+    return {f.name: f.default for f in dataclasses.fields(config)}[option]
+
+
 def test_compare_columns_and_values():
     out = compare(speed_data())
-    assert list(out.columns) == COMPARE_COLUMNS
+    assert list(out.columns) == compare_columns(2)  # the deepest accepted length in the data is 2
     ar = out[out["drafter"] == "ar"].iloc[0]
     eagle = out[out["drafter"] == "eagle3"].iloc[0]
     assert ar["decode_speedup_sum"] == pytest.approx(1.0) and ar["lossless"] is True
-    assert ar["tau"] == 1.0 and ar["config"] == "{}"
+    assert ar["tau"] == 1.0 and ar["config"] == "{}" and ar["setting"] == "default"
     assert eagle["n_prompts"] == 3
     assert eagle["tau"] == pytest.approx(3.0)
-    assert eagle["accept_d2"] == 1.0 and eagle["accept_d3"] == 0.0
+    assert eagle["accept_d1"] == 1.0 and eagle["accept_d2"] == 1.0
     assert eagle["decode_speedup_sum"] == pytest.approx(2.4)
     assert eagle["e2e_speedup_mean"] == pytest.approx(2.15)
     assert eagle["lossless"] is True
     assert eagle["config"] == '{"depth":4}'
+    assert drafter_default("eagle3", "depth") != 4
+    assert eagle["setting"] == "depth=4"
+
+
+def test_compare_depths_run_to_the_deepest_accepted():
+    # steps accept 9, 0, 3, 1, 1 drafts
+    df = frame(make_row("p0", accepted=[9, 0, 3]), make_row("p1", accepted=[1, 1]))
+    out = compare(df)
+    assert [c for c in out.columns if c.startswith("accept_d")] == [f"accept_d{d}" for d in range(1, 10)]
+    row = out.iloc[0]
+    assert [row[f"accept_d{d}"] for d in range(1, 10)] == pytest.approx([4 / 5, 2 / 5, 2 / 5] + [1 / 5] * 6)
+    capped = compare(df, depths=3)
+    assert list(capped.columns) == compare_columns(3)
+    assert list(compare(df, depths=50).columns) == compare_columns(9)  # a cap, not a floor
+    with pytest.raises(UserError, match="--depths 0"):
+        compare(df, depths=0)
+    only_ar = compare(frame(ar_row("p0")))
+    assert list(only_ar.columns) == compare_columns(1) and only_ar.iloc[0]["accept_d1"] == 0.0
 
 
 def test_compare_without_baseline_has_nan_speedups_and_no_lossless():
@@ -194,7 +229,7 @@ def test_compare_refuses_mixed_devices():
     with pytest.raises(UserError, match="mix devices cpu, cuda; .*--allow-mixed"):
         compare(df)
     out = compare(df, allow_mixed=True)
-    assert list(out.columns) == COMPARE_COLUMNS[:4] + ["device", "device_name"] + COMPARE_COLUMNS[4:]
+    assert list(out.columns) == compare_columns(2, varying=["device", "device_name"])
     assert len(out) == 4
     cuda = out[(out["drafter"] == "eagle3") & (out["device"] == "cuda")].iloc[0]
     assert cuda["decode_speedup_sum"] == pytest.approx(2.4)  # paired with the cuda baseline only
@@ -209,7 +244,7 @@ def test_compare_refuses_mixed_machines_on_one_device():
 def test_compare_adds_varying_setting_columns():
     df = pd.concat([speed_data(), speed_data().assign(temperature=0.7)])
     out = compare(df)
-    assert list(out.columns) == COMPARE_COLUMNS[:4] + ["temperature"] + COMPARE_COLUMNS[4:]
+    assert list(out.columns) == compare_columns(2, varying=["temperature"])
     hot = out[(out["drafter"] == "eagle3") & (out["temperature"] == 0.7)].iloc[0]
     assert hot["lossless"] is None and hot["decode_speedup_sum"] == pytest.approx(2.4)
 
@@ -221,7 +256,216 @@ def test_compare_counts_a_rerun_prompt_once():
 
 
 def test_compare_empty():
-    assert list(compare(frame(make_row()).iloc[:0]).columns) == COMPARE_COLUMNS
+    assert list(compare(frame(make_row()).iloc[:0]).columns) == compare_columns(1)
+
+
+def test_compare_orders_by_target_task_drafter_with_the_baseline_first():
+    rows = []
+    for target in ("tiny-qwen3", "tiny-llama"):
+        for task in ("mt-bench", "gsm8k"):
+            for drafter, config in (("ngram", '{"num_draft": 12}'), ("eagle3", "{}"), ("ngram", '{"num_draft": 4}'),
+                                    ("ar", "{}"), ("draft-model", "{}")):
+                kwargs = {"drafter": drafter, "drafter_config": config, "target": target, "task": task}
+                rows.append(ar_row("p0", **kwargs) if drafter == "ar" else make_row("p0", **kwargs))
+    out = compare(frame(*rows))
+    group = ["ar", "draft-model", "eagle3", "ngram", "ngram"]
+    assert list(out["drafter"]) == group * 4
+    assert list(out["target"]) == ["tiny-llama"] * 10 + ["tiny-qwen3"] * 10
+    assert list(out["task"]) == (["gsm8k"] * 5 + ["mt-bench"] * 5) * 2
+    assert list(out["setting"][3:5]) == ["num_draft=4", "num_draft=12"]  # numbers in natural order
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def test_compare_never_merges_two_checkpoints():
+    head_a = [make_row(p, checkpoint_sha256="a1" * 32, checkpoint_path="/heads/a", decode_s=1.0) for p in ("p0", "p1")]
+    head_b = [make_row(p, checkpoint_sha256="b2" * 32, checkpoint_path="/heads/b", decode_s=2.0,
+                       accepted=[0, 0]) for p in ("p0", "p1")]
+    out = compare(frame(*head_a, *head_b))
+    assert len(out) == 2
+    assert list(out.columns) == compare_columns(2, checkpoint=True)
+    by_hash = out.set_index("checkpoint")
+    assert by_hash.loc["a1" * 32, "checkpoint_path"] == "/heads/a"
+    assert by_hash.loc["a1" * 32, "tau"] == pytest.approx(2.0)
+    assert by_hash.loc["b2" * 32, "tau"] == pytest.approx(1.0)
+    assert sorted(out["setting"]) == ["depth=4 @a1a1a1a", "depth=4 @b2b2b2b"]
+
+
+def test_compare_reads_files_without_checkpoint_columns():
+    old = frame(make_row("p0")).drop(columns=["checkpoint_hash"])
+    out = compare(old)
+    assert list(out.columns) == compare_columns(2) and out.iloc[0]["setting"] == "depth=4"
+    # the legacy column was always empty: no checkpoint columns, one row
+    assert list(compare(frame(make_row("p0"), make_row("p1"))).columns) == compare_columns(2)
+    # an old file (no column) read with a new one (sha256 set): two rows, the new one tagged
+    mixed = pd.concat([old, frame(make_row("p0", run_id="run-2", checkpoint_sha256="c3" * 32))], ignore_index=True)
+    out = compare(mixed)
+    assert sorted(out["setting"]) == ["depth=4", "depth=4 @c3c3c3c"]
+    assert sorted(out["checkpoint"].map(lambda v: v or "")) == ["", "c3" * 32]
+    # a path alone identifies the head when no hash is recorded; checkpoint_hash counts as a hash
+    paths = frame(make_row("p0", checkpoint_path="/x/head-1"), make_row("p0", run_id="b", checkpoint_path="/x/head-2"),
+                  make_row("p0", run_id="c", checkpoint_hash="d4" * 32))
+    assert sorted(compare(paths)["setting"]) == ["depth=4 @d4d4d4d", "depth=4 @head-1", "depth=4 @head-2"]
+
+
+# --------------------------------------------------------------------------------------------
+# setting labels
+
+
+def ngram_config(**changes) -> str:
+    config = available_drafters()["ngram"].load().Config()
+    return config_json(dataclasses.replace(config, **changes))
+
+
+def test_setting_labels_list_what_differs_from_the_defaults():
+    num_draft = drafter_default("ngram", "num_draft")
+    items = [
+        ("ngram", ngram_config(), ""),
+        ("ngram", ngram_config(num_draft=num_draft + 1), ""),
+        ("ngram", ngram_config(branches=3, num_draft=num_draft + 1), ""),
+        ("ar", "{}", ""),
+    ]
+    labels = setting_labels(items)
+    assert [labels[i] for i in items] == [
+        "default", f"num_draft={num_draft + 1}", f"num_draft={num_draft + 1}, branches=3", "default",
+    ]
+
+
+def test_setting_labels_fall_back_to_the_config_json():
+    items = [("not-installed", '{"a": 1, "b": 2}', ""), ("not-installed", '{"a": 1, "b": 3.5}', ""),
+             ("lonely", '{"x": true, "y": "/models/head"}', "")]
+    labels = setting_labels(items)
+    assert [labels[i] for i in items] == ["b=2", "b=3.5", "x=true, y=head"]
+
+
+def test_setting_labels_are_distinct_for_distinct_configs():
+    items = [("eagle3", json.dumps({"path": f"/runs/{run}/head"}), "") for run in ("a", "b")]
+    labels = setting_labels(items)
+    assert len(set(labels.values())) == 2
+    assert all(label.startswith("path=head #") for label in labels.values())
+
+
+# --------------------------------------------------------------------------------------------
+# the table in a terminal
+
+
+def readme_like() -> pd.DataFrame:
+    """Three tasks x (ar, ngram, three eagle3 trees, a jetspec tree), accepted lengths up to 7."""
+    settings = [
+        ("ngram", ngram_config(), [3, 0, 1, 0, 5]),
+        ("eagle3", json.dumps({"depth": 4, "top_k": 1, "total_tokens": 5}), [1, 0, 2, 0]),
+        ("eagle3", json.dumps({"depth": 5, "top_k": 4, "total_tokens": 16}), [2, 1, 0, 3]),
+        ("eagle3", "{}", [3, 1, 7, 2]),
+        ("jetspec", json.dumps({"budget": 32, "tree": "kbest"}), [1, 2, 0, 4]),
+    ]
+    rows = []
+    for task in ("humaneval", "gsm8k", "mt-bench"):
+        for p in range(10):
+            rows.append(ar_row(f"p{p}", n_new=12, task=task, decode_s=1.2))
+            for k, (drafter, config, accepted) in enumerate(settings):
+                acc = accepted * 2
+                rows.append(make_row(f"p{p}", task=task, drafter=drafter, drafter_config=config, accepted=acc,
+                                     output_ids=list(range(100, 112)), n_new_tokens=12,
+                                     decode_s=0.3 + 0.17 * k + 0.01 * p, draft_s=0.01 * k))
+    return frame(*rows)
+
+
+def rendered(view: report.CompareView, width: int) -> str:
+    """The view printed on a rich console ``width`` columns wide, as a terminal shows it."""
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    for item in view.renderables:
+        console.print(item)
+    return console.file.getvalue()
+
+
+def expected_cells(row: pd.Series, columns: list[str]) -> list[str]:
+    accept = "/".join(str(int(100 * row[f"accept_d{d}"] + 0.5)) for d in range(1, 8))
+    while accept.endswith("/0"):
+        accept = accept[:-2]
+    cells = {
+        "n_prompts": str(row["n_prompts"]),
+        "tau": f"{row['tau']:.2f}",
+        report.ACCEPT: accept,
+        "draft_share": f"{100 * row['draft_share']:.1f}%",
+        "decode_speedup_sum": f"{row['decode_speedup_sum']:.2f}x",
+        "lossless": "yes" if row["lossless"] else "NO",
+    }
+    return [cells[c] for c in columns]
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_table_fits_the_terminal_and_never_cuts_a_number(width):
+    out = compare(readme_like())
+    assert len(out) == 18 and out["lossless"].all()
+    view = compare_view(out, width)
+    text = rendered(view, width)
+    lines = text.splitlines()
+    assert "…" not in text
+    assert max(cell_len(line) for line in lines) <= width
+    shown = [c for c in report.TABLE_VALUES if c not in view.hidden]
+    if width >= 100:
+        assert view.hidden == []  # the README's comparisons fit 100 columns whole
+    else:
+        assert view.hidden and lines[-1].startswith("hidden to fit 80 columns: ")
+        assert "draft share" in lines[-1]
+    row_lines = [line for line in lines if line.split(" ")[0] in ("humaneval", "gsm8k", "mt-bench")]
+    assert len(row_lines) == len(out)
+    for (_, row), line in zip(out.iterrows(), row_lines):
+        assert line.startswith(f"{row['task']} ")
+        cells = line.split()
+        for cell in expected_cells(row, shown):
+            assert cell in cells, (cell, line)
+
+
+def test_setting_labels_in_the_table_are_short_and_distinct():
+    out = compare(readme_like())
+    labels = {(d, s) for d, s in zip(out["drafter"], out["setting"])}
+    configs = {(d, c) for d, c in zip(out["drafter"], out["config"])}
+    assert len(labels) == len(configs) == 6
+    assert max(len(s) for _, s in labels) <= 40  # the longest: "depth=5, top_k=4, total_tokens=16"
+    assert ("eagle3", "default") in labels and ("jetspec", "budget=32, tree=kbest") in labels
+    text = rendered(compare_view(out, 160), 160)
+    assert "{" not in text  # no JSON in the default table
+
+
+def test_a_very_narrow_terminal_gets_one_record_per_row():
+    out = compare(readme_like())
+    view = compare_view(out, 48)
+    text = rendered(view, 48)
+    assert "…" not in text and max(cell_len(line) for line in text.splitlines()) <= 48
+    assert not any(isinstance(r, Table) for r in view.renderables)
+    heads = [line for line in text.splitlines() if line.startswith(("humaneval ·", "gsm8k ·", "mt-bench ·"))]
+    assert len(heads) == len(out)
+    assert heads[0] == "gsm8k · ar · default"
+    first = text.split(heads[1])[0].split(heads[0])[1]  # the values of the first record
+    assert "tau 1.00" in first and "decode speedup 1.00x" in first and "lossless yes" in first
+
+
+def test_wide_and_chosen_columns():
+    out = compare(readme_like())
+    wide = compare_view(out, 80, wide=True)
+    text = rendered(wide, wide.width)
+    assert wide.width > 160 and "…" not in text
+    assert '{"depth": 5, "top_k": 4, "total_tokens": 16}' in text and "acc>=7" in text and "e2e" in text
+    chosen = compare_view(out, 80, columns=parse_columns(out, "drafter,setting,tau,accept"))
+    text = rendered(chosen, chosen.width)
+    assert text.splitlines()[2].split() == ["drafter", "setting", "tau", "d=1..7"]
+    assert chosen.hidden == []
+
+
+def test_sort_and_columns_by_name():
+    out = compare(readme_like())
+    by_tau = sort_compare(out, "tau")
+    assert list(by_tau["tau"]) == sorted(out["tau"], reverse=True)
+    assert list(sort_compare(out, "drafter")["drafter"]) == sorted(out["drafter"])
+    assert list(sort_compare(out, "speedup")["decode_speedup_sum"]) == sorted(out["decode_speedup_sum"], reverse=True)
+    assert parse_columns(out, "task, prompts,accept,draft") == ["task", "n_prompts", report.ACCEPT, "draft_share"]
+    with pytest.raises(UserError, match=r"unknown column 'speed' for --sort; valid columns: target, task, .*tau"):
+        sort_compare(out, "speed")
+    with pytest.raises(UserError, match=r"unknown column 'nope' for --columns; valid columns: .*lossless, accept"):
+        parse_columns(out, "task,nope")
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,7 +476,7 @@ def test_format_json_has_exactly_the_fields():
     records = json.loads(format_compare(compare(speed_data()), "json"))
     assert len(records) == 2
     for rec in records:
-        assert list(rec) == COMPARE_COLUMNS
+        assert list(rec) == compare_columns(2)
     no_base = json.loads(format_compare(compare(frame(make_row())), "json"))[0]
     assert no_base["decode_speedup_sum"] is None and no_base["lossless"] is None
 
@@ -240,16 +484,19 @@ def test_format_json_has_exactly_the_fields():
 def test_format_csv_markdown_table():
     out = compare(speed_data())
     back = pd.read_csv(io.StringIO(format_compare(out, "csv")))
-    assert list(back.columns) == COMPARE_COLUMNS and len(back) == 2
+    assert list(back.columns) == compare_columns(2) and len(back) == 2
 
     md = format_compare(out, "markdown").splitlines()
     assert len(md) == 4
-    assert md[0] == "| " + " | ".join(COMPARE_COLUMNS) + " |"
-    assert md[1].count("|") == len(COMPARE_COLUMNS) + 1
-    assert "2.40x" in md[3] and '{"depth":4}' in md[3] and "yes" in md[3]
+    assert md[0] == "| " + " | ".join(compare_columns(2)) + " |"
+    assert md[1].count("|") == len(compare_columns(2)) + 1
+    assert "2.40x" in md[3] and '{"depth":4}' in md[3] and "| depth=4 |" in md[3] and "yes" in md[3]
 
     table = format_compare(out, "table")
-    assert "tiny-llama" in table and "eagle3" in table and "2.40x" in table and "acc>=4" in table
+    assert "tiny-llama" in table and "eagle3" in table and "2.40x" in table and "100/100" in table
+
+    picked = format_compare(out, "csv", columns=["drafter", report.ACCEPT, "tau"])
+    assert picked.splitlines()[0] == "drafter,accept_d1,accept_d2,tau"
 
     with pytest.raises(UserError, match="unknown format 'xml'"):
         format_compare(out, "xml")
