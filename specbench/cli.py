@@ -352,6 +352,71 @@ def drafters() -> None:
     out_console.print(table)
 
 
+@app.command()
+def sweep(
+    file: Path = typer.Argument(..., help="sweep file (TOML): targets, tasks, drafters and settings; see specbench/sweep.py"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and their state; run nothing"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the file's, else local)"),
+    address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start a local one)"),
+) -> None:
+    """Run a grid of `run`s from a sweep file: finished cells skipped, interrupted ones resumed."""
+    from specbench import sweep as sweeps
+
+    plan = sweeps.load_sweep(file, executor)
+    if dry_run:
+        rows = sweeps.describe(plan)
+        table = Table(title=f"{plan.name}: {len(rows)} cells → {plan.results_dir} (executor {plan.executor})")
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*row.values())
+        out_console.print(table)
+        return
+    counts = {"done": 0, "skipped": 0, "failed": 0, "running": 0}
+    results: list = []
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(), console=err_console, transient=True,
+    ) as bar:
+        def status() -> str:
+            return (f"[green]{counts['done']} done[/] · {counts['skipped']} skipped · "
+                    f"[cyan]{counts['running']} running[/] · [red]{counts['failed']} failed[/]")
+
+        overall = bar.add_task(f"sweep {plan.name}", total=len(plan.cells), label=status())
+        current = bar.add_task("cell", total=None, label="", visible=plan.executor == "local")
+
+        def start(cell) -> None:
+            counts["running"] += 1
+            bar.update(overall, label=status())
+            bar.update(current, description=cell.name, completed=0, total=None, label="")
+
+        def finish(result) -> None:
+            counts["running"] -= 1
+            counts[result.status] += 1
+            results.append(result)
+            bar.update(overall, advance=1, label=status())
+            if result.status == "failed":
+                err_console.print(f"[red]failed:[/] {result.cell.name}: {result.error}", highlight=False, soft_wrap=True)
+
+        def cell_progress(done: int, total: int, label: str) -> None:
+            bar.update(current, completed=done, total=total, label=label)
+
+        events = sweeps.Events(start, finish, cell_progress)
+        try:
+            sweeps.run_sweep(plan, events, address)
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted; finished cells are kept — rerun `specbench sweep {file}` to continue",
+                              highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+    failed = [r for r in results if r.status == "failed"]
+    out_console.print(f"{plan.name}: {counts['done']} cells run, {counts['skipped']} already finished, "
+                      f"{len(failed)} failed, of {len(plan.cells)} → {plan.results_dir}")
+    if failed:
+        for r in failed:
+            err_console.print(f"[bold red]failed cell[/] {r.cell.name}: {r.error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app()
