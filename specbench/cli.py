@@ -417,6 +417,145 @@ def sweep(
         raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------------------- hardware profiles
+
+hardware_app = typer.Typer(help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",
+                           invoke_without_command=True, no_args_is_help=False)
+app.add_typer(hardware_app, name="hardware")
+
+
+@hardware_app.callback()
+def hardware(ctx: typer.Context) -> None:
+    """List the analytic profiles (HARDWARE.md) and the measured ones (`specbench profile`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from specbench.hardware.analytic import ANALYTIC_PROFILES
+    from specbench.hardware.profiles import list_measured, profile_dir
+
+    table = Table(title=f"hardware profiles (measured ones live in {profile_dir()})")
+    for col in ("profile", "kind", "description"):
+        table.add_column(col)
+    for name, prof in ANALYTIC_PROFILES.items():
+        table.add_row(name, "analytic", prof.description)
+    for prof in list_measured():
+        table.add_row(prof.name, "measured", prof.description)
+    out_console.print(table)
+
+
+@hardware_app.command("latency")
+def hardware_latency(
+    profile: str = typer.Option(..., "--profile", "-p", help="a profile from `specbench hardware`"),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="HF config.json, model directory or bundled shape (e.g. llama-3.1-8b)"),
+    tokens: str = typer.Option("1,64,256", "--tokens", help="query token counts n, comma-separated"),
+    context: int = typer.Option(512, "--context", help="cached positions before the forward"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """T_fwd(n) in milliseconds: one target forward over n query tokens at --context."""
+    import json
+
+    from specbench.hardware.analytic import load_shape
+    from specbench.hardware.measure import parse_ints
+    from specbench.hardware.profiles import MeasuredProfile, get_profile
+
+    if fmt not in ("table", "json"):
+        raise UserError(f"unknown --format '{fmt}'; use table or json")
+    if context < 0:
+        raise UserError(f"--context must be >= 0, got {context}")
+    ns = parse_ints(tokens, "--tokens")
+    prof = get_profile(profile)
+    if config is None and not isinstance(prof, MeasuredProfile):
+        raise UserError(f"--config is needed with the analytic profile '{profile}' (e.g. --config llama-3.1-8b)")
+    shape = load_shape(config) if config is not None else None
+    rows = [{"n": n, "ms": prof.t_fwd(shape, n, context) * 1e3} for n in ns]
+    if fmt == "json":
+        typer.echo(json.dumps(rows))
+        return
+    label = shape.name if shape is not None else prof.target
+    table = Table(title=f"T_fwd(n) of {label} on {profile} at context {context}")
+    table.add_column("n", justify="right")
+    table.add_column("ms", justify="right")
+    for r in rows:
+        table.add_row(str(r["n"]), f"{r['ms']:.3f}")
+    out_console.print(table)
+
+
+@hardware_app.command("calibrate")
+def hardware_calibrate(
+    out_dir: Path = typer.Option(Path("reports/figures"), "--out-dir", help="where the calibration figure goes"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Every published point of HARDWARE.md: model value, published value, error; and the figure."""
+    import json
+
+    from specbench.hardware import calibration
+
+    if fmt not in ("table", "json"):
+        raise UserError(f"unknown --format '{fmt}'; use table or json")
+    results_ = calibration.calibration_table()
+    paths = calibration.plot_calibration(out_dir)
+    if fmt == "json":
+        typer.echo(json.dumps([{"point": r.point.key, "profile": r.point.profile, "model": r.model,
+                                "published": r.point.published, "error": r.error, "tolerance": r.point.tolerance,
+                                "ok": r.ok, "conflict": calibration.CONFLICTS.get(r.point.key, [None])[0]}
+                               for r in results_]))
+        return
+    table = Table(title="analytic profiles against the published points (HARDWARE.md)")
+    for col in ("point", "profile", "model", "published", "error", "tol", "ok"):
+        table.add_column(col, justify="left" if col in ("point", "profile") else "right")
+    for r in results_:
+        ok = "yes" if r.ok else ("conflict" if r.point.key in calibration.CONFLICTS else "NO")
+        table.add_row(r.point.key, r.point.profile, f"{r.model:.3f}", f"{r.point.published:.3f}",
+                      f"{r.error:+.1%}", f"{r.point.tolerance:.0%}", ok)
+    out_console.print(table)
+    for p in paths:
+        out_console.print(f"figure: {p}")
+
+
+@app.command()
+def profile(
+    target: str = typer.Option(..., "--target", help="alias, random:CONFIG shape target, tiny-*, local directory"),
+    name: str = typer.Option(..., "--name", help="name of the saved profile (see `specbench hardware`)"),
+    tokens: str = typer.Option("1,2,4,8,16,32,64,128,256,512", "--tokens", help="query token counts n"),
+    contexts: str = typer.Option("128,1024,4096", "--contexts", help="context lengths to time at"),
+    drafter: List[str] = typer.Option([], "--drafter", "-d", help="also time this drafter per forward (repeatable; NAME or NAME:k=v,k=v)"),
+    repeats: int = typer.Option(5, "--repeats", help="timed forwards per point (median kept)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+) -> None:
+    """Measure T_fwd(n) on this device (tree masks, a few contexts) and drafter cost; save a profile."""
+    from specbench.hardware import measure
+    from specbench.hardware.profiles import check_name, save_measured
+    from specbench.targets import load_target
+
+    check_name(name)
+    if repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {repeats}")
+    req = measure.ProfileRequest(name=name, ns=measure.parse_ints(tokens, "--tokens"),
+                                 contexts=measure.parse_ints(contexts, "--contexts"), drafters=tuple(drafter),
+                                 repeats=repeats)
+    total = len(req.ns) * len(req.contexts) + len(req.drafters)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        job = bar.add_task(f"profiling {target}", total=total, label="loading")
+        tgt = load_target(target, device, dtype)
+
+        def progress(label: str) -> None:
+            bar.update(job, advance=1, label=label)
+
+        prof = measure.run_profile(tgt, target, req, progress)
+    path = save_measured(prof)
+    table = Table(title=f"T_fwd(n) ms of {target} on {prof.fingerprint.get('device_name')} ({prof.fingerprint.get('dtype')})")
+    table.add_column("n", justify="right")
+    for c in prof.contexts:
+        table.add_column(f"ctx {c}", justify="right")
+    for j, n in enumerate(prof.ns):
+        table.add_row(str(n), *(f"{prof.t_fwd_ms[i][j]:.3f}" for i in range(len(prof.contexts))))
+    out_console.print(table)
+    for d, entry in prof.drafters.items():
+        out_console.print(f"drafter {d}: {entry['ms_per_forward']:.3f} ms per forward, {entry['ms_per_step']:.3f} ms draft per step")
+    out_console.print(f"profile '{name}' saved: {path}")
+
+
 def main() -> None:
     try:
         app()

@@ -312,3 +312,83 @@ def test_random_target_run_is_lossless_and_projects(tmp_path):
     out = project.add_projections(df, table, ["h100-sxm:engine"])
     assert (out.loc[out["drafter"] == "ar", "projected_decode_speedup_sum"] == 1.0).all()
     assert out.loc[out["drafter"] == "ngram", "projected_decode_speedup_sum"].notna().all()
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from specbench import cli
+
+    return CliRunner().invoke(cli.app, [str(a) for a in args])
+
+
+def test_cli_hardware_list_and_latency(tmp_path):
+    profiles.save_measured(_measured("cpu-test"))
+    res = _cli("hardware")
+    assert res.exit_code == 0
+    for name in [*ANALYTIC_PROFILES, "cpu-test"]:
+        assert name in res.output
+    res = _cli("hardware", "latency", "--profile", "h100-sxm:engine", "--config", "llama-3.1-8b",
+               "--tokens", "1,64,256", "--format", "json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    shape, prof = load_shape("llama-3.1-8b"), ANALYTIC_PROFILES["h100-sxm:engine"]
+    assert [r["n"] for r in got] == [1, 64, 256]
+    assert [r["ms"] for r in got] == pytest.approx([prof.t_fwd(shape, n, 512) * 1e3 for n in (1, 64, 256)])
+    cfg = tmp_path / "config.json"  # any HF config file works, at any context
+    cfg.write_text(json.dumps(SMALL))
+    res = _cli("hardware", "latency", "-p", "a100:hf-eager", "-c", cfg, "--tokens", "4", "--context", "9", "-f", "json")
+    assert json.loads(res.output)[0]["ms"] == pytest.approx(ANALYTIC_PROFILES["a100:hf-eager"].t_fwd(load_shape(cfg), 4, 9) * 1e3)
+    res = _cli("hardware", "latency", "--profile", "cpu-test", "--tokens", "2", "--context", "10")  # measured: no config
+    assert res.exit_code == 0 and "1.500" in res.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["hardware", "latency", "--profile", "tpu", "--config", "llama-3.1-8b"], "unknown hardware profile 'tpu'"),
+    (["hardware", "latency", "--profile", "h200:engine"], "--config is needed"),
+    (["hardware", "latency", "--profile", "h200:engine", "-c", "nope.json"], "no config 'nope.json'"),
+    (["hardware", "latency", "--profile", "h200:engine", "-c", "qwen3-8b", "--tokens", "1,x"], "comma-separated integers"),
+    (["hardware", "latency", "--profile", "h200:engine", "-c", "qwen3-8b", "-f", "xml"], "unknown --format 'xml'"),
+    (["profile", "--target", "tiny-llama", "--name", "h100-sxm:engine"], "is an analytic profile"),
+    (["profile", "--target", "tiny-llama", "--name", "x", "--tokens", "0"], "integers >= 1"),
+])
+def test_cli_hardware_user_errors(args, words):
+    res = _cli(*args)
+    assert res.exit_code == 2
+    assert "error:" in res.output and words in res.output and "Traceback" not in res.output
+
+
+def test_cli_hardware_calibrate(tmp_path):
+    res = _cli("hardware", "calibrate", "--out-dir", tmp_path, "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == len(POINTS)
+    assert {r["point"] for r in rows if not r["ok"]} == set(calibration.CONFLICTS)
+    assert (tmp_path / "hardware_calibration.png").is_file()
+
+
+def test_cli_profile_tiny(tmp_path):
+    """A tiny profile on CPU: saved with the fingerprint, listed, usable for projection."""
+    res = _cli("profile", "--target", "tiny-llama", "--name", "tiny-cpu", "--tokens", "1,2,4", "--contexts", "8,16",
+               "--drafter", "ngram", "--drafter", "eagle3:path=random", "--repeats", "1", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    prof = profiles.get_profile("tiny-cpu")
+    assert prof.ns == [1, 2, 4] and prof.contexts == [8, 16]
+    assert all(v > 0 for row in prof.t_fwd_ms for v in row)
+    assert prof.fingerprint["device"] == "cpu" and prof.fingerprint["torch_version"] == torch.__version__
+    assert prof.drafters["eagle3"]["forwards"] > 0 and prof.drafters["eagle3"]["ms_per_forward"] > 0
+    assert prof.drafters["ngram"]["forwards"] == 0
+    assert "tiny-cpu" in _cli("hardware").output
+    rows = pd.DataFrame([ngram_row("a", [3] * 4, tree=4, target="tiny-llama", prompt_ids=[1] * 11)])
+    assert project.project_rows(rows, "tiny-cpu").speedup_sum > 0
+
+
+def test_binary_tree_mask_shape():
+    from specbench.hardware.measure import binary_tree
+    from specbench.tree import depths
+
+    tree = binary_tree(7)
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 1, 2, 2] and int(depths(tree.parents).max()) == 2

@@ -11,7 +11,7 @@ A measured profile is one JSON file in the profile folder (``$SPECBENCH_HARDWARE
      "fingerprint": {... specbench.results.env_fingerprint ...}}
 
 ``t_fwd`` interpolates linearly in n and in context (clamped to the measured context range; n
-beyond the largest measured is extrapolated along the last segment). Its step costs ``t_fix`` and
+beyond the largest measured is extrapolated along the last segment, never downwards). Its step costs ``t_fix`` and
 ``t_round`` are 0: a measured profile times the forwards only, the harness's own per-step time is
 in the run's ``other_s``.
 """
@@ -55,8 +55,11 @@ def _interp(xs: list[float], ys: list[float], x: float, extrapolate: bool) -> fl
         return ys[0]
     if x <= xs[0]:
         return ys[0]
-    if x >= xs[-1] and not extrapolate:
-        return ys[-1]
+    if x >= xs[-1]:
+        if not extrapolate:
+            return ys[-1]
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)  # noisy timings must not extrapolate downwards
+        return ys[-1] + slope * (x - xs[-1])
     i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
