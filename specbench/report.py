@@ -329,7 +329,8 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     same PAIR_KEYS, so they never cross devices or targets, even with ``allow_mixed``; data from
     more than one device (or machine) is refused unless ``allow_mixed``.
 
-    Rows come ordered by target, task, then drafter with the AR baseline first, then setting.
+    Rows come ordered by target, task, the settings that vary, then drafter with the AR baseline
+    first, then setting (``default`` first).
     The frame is plain: callers may add columns before formatting it. ``attrs["shared"]`` holds the
     target and settings that are the same on every row (for a table title).
     """
@@ -389,12 +390,12 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
         return (
             _natural_key(_text(rec["target"])),
             _natural_key(_text(rec["task"])),
+            *(_natural_key(_text(rec[c])) for c in varying),  # each set of comparable rows together
             rec["drafter"] != BASELINE_DRAFTER,
             _natural_key(_text(rec["drafter"])),
             rec["setting"] != "default",
             _natural_key(rec["setting"]),
             rec["_ckpt"],
-            *(_natural_key(_text(rec[c])) for c in varying),
         )
 
     records.sort(key=order)
@@ -610,7 +611,7 @@ TABLE_HEADERS = {
     "top_p": "top-p",
     "top_k": "top-k",
     "max_new_tokens": "max\nnew",
-    "device_name": "hardware",
+    "device_name": "machine",
     "checkpoint_path": "checkpoint\npath",
 }
 
@@ -821,7 +822,8 @@ def _records_view(df: pd.DataFrame, columns: list[_Column], keys: list[str], wid
     """One record per row: the keys on one line, then ``header value`` pairs filled to ``width``."""
     lines: list[RenderableType] = []
     for i in range(len(df)):
-        head = " · ".join(c.cells[i] for c in columns if c.name in keys)
+        head = " · ".join(c.cells[i] if c.name in _TEXT_COLUMNS else f"{' '.join(c.header.split())}={c.cells[i]}"
+                          for c in columns if c.name in keys)
         pairs = [f"{' '.join(c.header.split())} {c.cells[i]}" for c in columns if c.name not in keys]
         lines.append(Text(head))
         current = ""

@@ -247,6 +247,8 @@ def test_compare_adds_varying_setting_columns():
     assert list(out.columns) == compare_columns(2, varying=["temperature"])
     hot = out[(out["drafter"] == "eagle3") & (out["temperature"] == 0.7)].iloc[0]
     assert hot["lossless"] is None and hot["decode_speedup_sum"] == pytest.approx(2.4)
+    # each temperature is one comparable set with its baseline on top
+    assert list(zip(out["temperature"], out["drafter"])) == [(0.0, "ar"), (0.0, "eagle3"), (0.7, "ar"), (0.7, "eagle3")]
 
 
 def test_compare_counts_a_rerun_prompt_once():
