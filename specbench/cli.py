@@ -178,6 +178,8 @@ def compare(
     columns: Optional[str] = typer.Option(None, "--columns", help="only these columns, in this order, e.g. task,drafter,tau (any format)"),
     sort: Optional[str] = typer.Option(None, "--sort", help="order rows by this column: numbers high to low, text A to Z"),
     depths: Optional[int] = typer.Option(None, "--depths", help="per-depth acceptance up to depth N (default: the deepest accepted)"),
+    hardware: List[str] = typer.Option([], "--hardware", help="add the projected decode speedup on this profile (repeatable; see `specbench hardware`)"),
+    as_target: Optional[str] = typer.Option(None, "--as-target", help="what-if: price the same acceptance on this model's shape (config.json or bundled name)"),
 ) -> None:
     """One row per (target, task, drafter, setting): tau, per-depth acceptance, draft share, speedup, lossless."""
     from specbench import report, results
@@ -187,6 +189,17 @@ def compare(
     df = results.read_results(results.expand_globs(files))
     frame = report.compare(df, allow_mixed=allow_mixed, depths=depths)
     # further columns (one per compare row) go into `frame` here, before it is sorted and formatted
+    if as_target is not None and not hardware:
+        raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
+    if hardware:  # projected, not measured: one row per (compare row, profile), labelled in `projection`
+        from specbench.hardware.project import add_projections
+
+        frame = add_projections(df, frame, list(hardware), as_target)
+        if columns is None:  # the default table plus the projection, side by side with the measured speedup
+            keys = [c for c in ("target", "task", "drafter", "setting", *report.SETTING_COLUMNS) if c in frame.columns
+                    and (c != "target" or frame["target"].nunique() > 1)]
+            columns = ",".join([*keys, "tau", "decode_speedup_sum", "hardware", "projection",
+                                "projected_decode_speedup_sum", "projected_decode_speedup_mean", "lossless"])
     chosen = report.parse_columns(frame, columns) if columns is not None else None
     if sort is not None:
         frame = report.sort_compare(frame, sort)

@@ -392,3 +392,24 @@ def test_binary_tree_mask_shape():
 
     tree = binary_tree(7)
     assert tree.parents.tolist() == [-1, 0, 0, 1, 1, 2, 2] and int(depths(tree.parents).max()) == 2
+
+
+def test_cli_compare_hardware_and_as_target(tmp_path):
+    res = _cli("run", "--target", "tiny-llama", "--drafter", "ngram", "--task", "mt-bench", "--limit", "2",
+               "--max-new-tokens", "16", "--no-warmup", "--results-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    files = str(tmp_path / "*.parquet")
+    res = _cli("compare", files, "--hardware", "h100-sxm:engine", "--hardware", "a100:hf-eager", "-f", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == 4 and {r["projection"] for r in rows} == {"projected"}
+    assert all(r["projected_decode_speedup_sum"] == 1.0 == r["projected_decode_speedup_mean"] for r in rows if r["drafter"] == "ar")
+    assert all(r["projected_decode_speedup_sum"] > 0 for r in rows)
+    res = _cli("compare", files, "--hardware", "h200:engine", "--as-target", "qwen3-8b", "-f", "json")
+    assert {r["projection"] for r in json.loads(res.output)} == {"what-if: qwen3-8b"}
+    table = _cli("compare", files, "--hardware", "h100-sxm:engine").output
+    assert "projected" in table and "h100-sxm:engine" in table
+    for args, words in [(["--as-target", "qwen3-8b"], "--as-target needs --hardware"),
+                        (["--hardware", "tpu"], "unknown hardware profile 'tpu'")]:
+        res = _cli("compare", files, *args)
+        assert res.exit_code == 2 and words in res.output
