@@ -569,6 +569,23 @@ def profile(
     out_console.print(f"profile '{name}' saved: {path}")
 
 
+@app.command("report")
+def report_cmd(
+    files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
+    out: Path = typer.Option(..., "--out", help="folder for report.html, report.md and figures/"),
+    title: Optional[str] = typer.Option(None, "--title", help="the page title"),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="report results from several devices together"),
+) -> None:
+    """One page from result files: DIR/report.html (self-contained) and DIR/report.md with PNG/PDF figures."""
+    from specbench import results
+    from specbench.reporting import write_report
+
+    paths = results.expand_globs(files)
+    with err_console.status("drawing the report"):
+        written = write_report(paths, out, allow_mixed=allow_mixed, title=title)
+    out_console.print(f"{written.html}\n{written.markdown}\n{len(written.figures)} figure files in {out / 'figures'}")
+
+
 def main() -> None:
     try:
         app()

@@ -262,7 +262,7 @@ def _save(fig: Figure, title: str, subtitle: str, path: Path) -> Path:
     header = 0.55 + 0.16 * len(lines)
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     try:
-        fig.savefig(path, dpi=DPI, format="png", facecolor="white")
+        fig.savefig(path, dpi=DPI, format=Path(path).suffix.lstrip(".").lower() or "png", facecolor="white")
     except OSError as e:
         raise UserError(f"cannot write {path} ({e.strerror or e}); choose another --out-dir") from None
     return path

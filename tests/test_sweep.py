@@ -241,3 +241,13 @@ def test_ray_executor_matches_local(tmp_path, prompts):
     assert len(got_local) == 6 and got_local == got_ray  # 4 cells + 2 baselines, token for token
     threads = pd.read_parquet(next((tmp_path / "ray").glob("*.parquet")))["threads"]
     assert set(threads) == {1}  # the worker used the CPUs the file asked for
+
+
+@pytest.mark.parametrize("name, n_cells", [("block_bench", 50), ("eagle3", 12), ("eagle3_curve", 5), ("default_target", 5)])
+def test_shipped_sweep_files_load(name, n_cells):
+    """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
+    plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
+    assert len(plan.cells) == n_cells
+    if name == "block_bench":  # the file names reports/block_bench.md was made from
+        assert {c.name for c in plan.cells} >= {"ngram-humaneval", "jetspec-kbest-16-mt-bench", "dflash-marginal-128-math500"}
+        assert not any(c.name == "jetspec-32-gsm8k" for c in plan.cells)
