@@ -125,16 +125,22 @@ def run(
         results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup,
     )
     runner.validate(spec)  # user errors surface before any progress display or model load
+    from specbench import distributed
+
+    world = distributed.from_env()  # under torchrun: this rank's share of the prompts, merged on rank 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True,
+        disable=world is not None and world.rank != 0,
     ) as bar:
         job = bar.add_task(f"{drafter} on {target}", total=None, label="loading")
 
         def progress(done: int, total: int, label: str) -> None:
             bar.update(job, completed=done, total=total, label=label)
 
-        outcome = runner.run(spec, lambda s: load_target(s.target, s.device, s.dtype), progress)
+        outcome = distributed.run(spec, lambda s: load_target(s.target, s.device, s.dtype), progress, world)
+    if outcome is None:  # a data-parallel rank other than 0; rank 0 prints the merged run
+        return
 
     summary = report.run_summary(outcome.rows, None if outcome.baseline_rows is None else _frame(outcome.baseline_rows))
     table = Table(title=f"{drafter} on {target} · {runner.task_name(spec)} · T={temperature}")

@@ -51,6 +51,7 @@ class RunSpec:
     resume: bool = False
     baseline: bool = True
     warmup: bool = True
+    shard: tuple[int, int] | None = None  # (rank, world size) of a data-parallel run: prompts[rank::world]
 
 
 @dataclass
@@ -82,7 +83,11 @@ def load_prompts(spec: RunSpec) -> list[Prompt]:
         prompts = load_task(spec.task, spec.category)
     else:
         raise UserError("give --task NAME or --task-file FILE.jsonl (see `specbench tasks`)")
-    return select(prompts, spec.limit, spec.seed)
+    prompts = select(prompts, spec.limit, spec.seed)
+    if spec.shard is not None:  # the same subset on every rank, then every world-th prompt
+        rank, world = spec.shard
+        prompts = prompts[rank::world]
+    return prompts
 
 
 def task_name(spec: RunSpec) -> str:
