@@ -108,6 +108,7 @@ def run(
     drafter_path: Optional[Path] = typer.Option(None, "--drafter-path", help="checkpoint directory of a learned drafter"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="spread the target over the GPUs with accelerate: auto, balanced, sequential"),
     out: Optional[Path] = typer.Option(None, "--out", help="results file (default results/<run-id>.parquet)"),
     results_dir: Path = typer.Option(Path("results"), "--results-dir", help="where runs go and baselines are looked up"),
     resume: bool = typer.Option(False, "--resume", help="continue the interrupted run in --out"),
@@ -122,7 +123,7 @@ def run(
         drafter=drafter, target=target, task=None if task_file else task, task_file=task_file, category=category,
         limit=None if limit == 0 else limit, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         options=tuple(options), drafter_path=drafter_path, device=device, dtype=dtype, out=out,
-        results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup,
+        results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup, device_map=device_map,
     )
     runner.validate(spec)  # user errors surface before any progress display or model load
     from specbench import distributed
@@ -138,7 +139,8 @@ def run(
         def progress(done: int, total: int, label: str) -> None:
             bar.update(job, completed=done, total=total, label=label)
 
-        outcome = distributed.run(spec, lambda s: load_target(s.target, s.device, s.dtype), progress, world)
+        outcome = distributed.run(spec, lambda s: load_target(s.target, s.device, s.dtype, device_map=s.device_map),
+                                  progress, world)
     if outcome is None:  # a data-parallel rank other than 0; rank 0 prints the merged run
         return
 
@@ -367,7 +369,7 @@ def drafters() -> None:
             table.add_row(name, f"[red]failed to load: {exc}", "")
             continue
         opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
-        table.add_row(name, getattr(cls, "description", ""), opts or "-")
+        table.add_row(name, cls.description, opts or "-")
     out_console.print(table)
 
 

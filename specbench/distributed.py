@@ -78,6 +78,9 @@ def run(spec: runner.RunSpec, load_target: Callable, progress: Callable | None =
         return runner.run(spec, load_target, progress)
     if spec.shard is not None:
         raise UserError("RunSpec.shard is set by the data-parallel run itself; leave it unset")
+    if spec.device_map is not None:
+        raise UserError("--device-map under torchrun would spread every rank over all GPUs; "
+                        "use one GPU per rank (drop --device-map) or one process with --device-map")
     runner.validate(spec)  # every rank refuses a bad command the same way, before the group forms
     dist = _init(world)
     try:

@@ -23,7 +23,7 @@ import torch
 
 from specbench import results
 from specbench.decode import Generation, generate
-from specbench.drafter import Sampling, UserError, config_json, drafter_class, parse_config
+from specbench.drafter import Sampling, UserError, config_json, drafter_class, parse_config, takes_checkpoint
 from specbench.tasks import Prompt, load_task, load_task_file, render_chat, select
 
 BASELINE = "ar"
@@ -52,6 +52,7 @@ class RunSpec:
     baseline: bool = True
     warmup: bool = True
     shard: tuple[int, int] | None = None  # (rank, world size) of a data-parallel run: prompts[rank::world]
+    device_map: str | None = None  # accelerate's placement of the target over the GPUs, e.g. "auto"
 
 
 @dataclass
@@ -121,7 +122,9 @@ class _Session:
             "target": spec.target,
             "drafter": drafter_name,
             "drafter_config": config_json(config),
-            "checkpoint_hash": getattr(drafter, "checkpoint_hash", None),
+            # which weights ran: sha256 of the files read (or of in-memory weights) and where from
+            "checkpoint_hash": None if drafter.checkpoint is None else drafter.checkpoint.sha256,
+            "checkpoint_path": None if drafter.checkpoint is None else drafter.checkpoint.path,
             "task": task_name(spec),
             "temperature": float(spec.temperature),
             "top_p": float(spec.top_p),
@@ -190,13 +193,35 @@ def check_fits(target, prompt_id: str, n_tokens: int) -> None:
         )
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(spec: RunSpec) -> None:
+    if spec.device_map is None:
+        return
+    if spec.device_map not in DEVICE_MAPS:
+        raise UserError(f"unknown --device-map '{spec.device_map}'; use one of {', '.join(DEVICE_MAPS)}")
+    if not torch.cuda.is_available():
+        raise UserError("--device-map spreads the target over GPUs and this machine has none (CPU only); drop --device-map")
+    if spec.device != "auto":
+        raise UserError(f"--device-map places the target itself; drop --device {spec.device}")
+
+
+def placement(device_map: str, model) -> str:
+    """``auto: cuda:0, cuda:1`` — the strategy and the devices accelerate put the target's layers on."""
+    devices = (getattr(model, "hf_device_map", None) or {}).values()
+    where = sorted({f"cuda:{d}" if isinstance(d, int) else str(d) for d in devices})
+    return f"{device_map}: {', '.join(where) or 'unknown'}"
+
+
 def validate(spec: RunSpec) -> list[Prompt]:
     """Every check that needs no model: numbers, prompts, drafter name and --set keys. Cheap."""
     check_numbers(spec)
+    check_device_map(spec)
     prompts = load_prompts(spec)
     cls = drafter_class(spec.drafter)
     parse_config(cls.Config, list(spec.options))
-    if spec.drafter_path is not None and "path" not in getattr(cls.Config, "__dataclass_fields__", {}):
+    if spec.drafter_path is not None and not takes_checkpoint(cls):
         raise UserError(f"drafter '{spec.drafter}' loads no checkpoint; drop --drafter-path")
     if spec.resume and spec.out is None:
         raise UserError("--resume needs --out FILE.parquet of the interrupted run")
@@ -213,6 +238,8 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
 
     target = load_target(spec)
     env = results.env_fingerprint(str(target.device.type), str(target.dtype).removeprefix("torch."))
+    if spec.device_map is not None:  # an extra fingerprint column, only on runs that use one
+        env["device_map"] = placement(spec.device_map, target.model)
     run_id = out.stem
     drafter, config = build_drafter(spec.drafter, target, spec.options, spec.drafter_path)
     session = _Session(spec, target, drafter, spec.drafter, config, run_id, env)

@@ -77,6 +77,7 @@ TOP_KEYS = {
     "top_k": "default 0",
     "device": "auto, cpu or cuda[:N]",
     "dtype": "auto, float32, bfloat16, float16",
+    "device_map": "spread each target over the GPUs with accelerate (auto, balanced, sequential)",
     "baseline": "pair every cell with the AR baseline (default true)",
     "warmup": "one untimed generation first (default true)",
     "file": f"file name template (default {DEFAULT_FILE!r})",
@@ -239,6 +240,7 @@ def load_sweep(path: Path | str, executor: str | None = None) -> Sweep:
     top_k = _scalar(data, "top_k", int, 0, path, "the top level")
     device = _scalar(data, "device", str, "auto", path, "the top level")
     dtype = _scalar(data, "dtype", str, "auto", path, "the top level")
+    device_map = _scalar(data, "device_map", str, None, path, "the top level")
     baseline = _scalar(data, "baseline", bool, True, path, "the top level")
     warmup = _scalar(data, "warmup", bool, True, path, "the top level")
     file_template = _scalar(data, "file", str, DEFAULT_FILE, path, "the top level")
@@ -267,7 +269,7 @@ def load_sweep(path: Path | str, executor: str | None = None) -> Sweep:
                     category=task["category"], limit=None if task["limit"] == 0 else task["limit"], seed=seed,
                     max_new_tokens=task["max_new_tokens"], temperature=temperature, top_p=top_p, top_k=top_k,
                     options=options, drafter_path=drafter_path, device=device, dtype=dtype, out=None,
-                    results_dir=results_dir, resume=True, baseline=d["baseline"], warmup=warmup,
+                    results_dir=results_dir, resume=True, baseline=d["baseline"], warmup=warmup, device_map=device_map,
                 )
                 fields = {"target": target, "task": task["label"], "label": label, "drafter": d["drafter"],
                           "temperature": f"{temperature:g}", "seed": seed, "limit": task["limit"],
@@ -448,7 +450,7 @@ def _finished_mismatch(cell: Cell) -> str:
 def _load_target(spec: runner.RunSpec):
     from specbench.targets import load_target
 
-    return load_target(spec.target, spec.device, spec.dtype)
+    return load_target(spec.target, spec.device, spec.dtype, device_map=spec.device_map)
 
 
 def run_cell(cell: Cell, progress: Callable | None = None) -> CellResult:

@@ -200,8 +200,14 @@ def all_target_names() -> list[str]:
     return list(ALIASES) + list(TINY_TARGETS)
 
 
-def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: bool = True) -> Target:
-    """Load ``spec`` (alias, tiny-*, local directory or hub id) as a :class:`Target`."""
+def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: bool = True,
+                device_map: str | None = None) -> Target:
+    """Load ``spec`` (alias, tiny-*, local directory or hub id) as a :class:`Target`.
+
+    ``device_map`` (e.g. "auto") spreads a model loaded from a directory over the GPUs with
+    accelerate instead of moving it to ``device``; the built-in tiny targets refuse it."""
+    if device_map is not None and (spec in TINY_TARGETS or spec.startswith("random:")):
+        raise UserError(f"--device-map places a model loaded from a directory; '{spec}' is built in code: drop --device-map")
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     if spec in TINY_TARGETS:
@@ -214,9 +220,9 @@ def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: 
 
     if spec in ALIASES:
         path = ensure_alias(spec, progress=progress)
-        return _from_dir(spec, path, dev, dt)
+        return _from_dir(spec, path, dev, dt, device_map)
     if Path(spec).expanduser().is_dir():
-        return _from_dir(spec, Path(spec).expanduser(), dev, dt)
+        return _from_dir(spec, Path(spec).expanduser(), dev, dt, device_map)
     if os.path.exists(spec):
         raise UserError(f"--target '{spec}' is a file, not a model directory; pass the folder holding config.json")
     if "/" not in spec or spec.startswith((".", "/", "~")):
@@ -230,7 +236,7 @@ def load_target(spec: str, device: str = "auto", dtype: str = "auto", progress: 
     if not _hub_reachable():
         raise UserError(no_hub)
     try:
-        return _from_dir(spec, spec, dev, dt)
+        return _from_dir(spec, spec, dev, dt, device_map)
     except UserError:
         raise
     except Exception:  # noqa: BLE001 - any hub failure becomes one line
@@ -251,7 +257,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _from_dir(name: str, path, dev: torch.device, dt: torch.dtype) -> Target:
+def _from_dir(name: str, path, dev: torch.device, dt: torch.dtype, device_map: str | None = None) -> Target:
     if isinstance(path, Path) and not (path / "config.json").exists():
         raise UserError(f"'{path}' has no config.json; pass a Hugging Face model directory")
     from transformers.utils import logging as hf_logging
@@ -259,13 +265,15 @@ def _from_dir(name: str, path, dev: torch.device, dt: torch.dtype) -> Target:
     hf_logging.disable_progress_bar()  # specbench shows its own progress; keep stderr to one display
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+        placed = {} if device_map is None else {"device_map": device_map}  # accelerate places the layers
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **placed)
     except (OSError, ValueError) as exc:
         if isinstance(path, Path):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"could not load the model in '{path}': {first}") from None
         raise
-    model = model.to(dev)
+    if device_map is None:
+        model = model.to(dev)
     return Target(name, model, tok, stop_tokens_of(model, tok))
 
 

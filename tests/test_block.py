@@ -541,6 +541,125 @@ def test_wrong_family_and_target_refused(setups, tmp_path):
         make("dflash", qwen, [f"path={tmp_path / 'missing'}"])
 
 
+def vllm_names(key: str) -> str:
+    """The parameter vLLM's DFlash model (``DFlashQwen3ForCausalLM.load_weights``) loads a checkpoint key into."""
+    name = "model." + key
+    for old, new in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+                     (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):
+        name = name.replace(old, new)
+    return name
+
+
+def vllm_params(n_layers: int) -> set[str]:
+    """The parameters of vLLM's DFlash draft model (no own embedding / lm_head, no d2t when full-vocabulary)."""
+    per = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
+           "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_up_proj.weight",
+           "mlp.down_proj.weight"]
+    return ({"model.fc.weight", "model.hidden_norm.weight", "model.norm.weight", "model.mask_embedding"}
+            | {f"model.layers.{i}.{k}" for i in range(n_layers) for k in per})
+
+
+@pytest.mark.parametrize("family,layout", [("dflash", "dflash"), ("jetspec", "jetspec"), ("treeflash", "treeflash")])
+def test_learned_mask_embedding_export_is_vllms_layout(setups, tmp_path, family, layout):
+    """A model with a learned mask embedding (a target with no spare id) is written as vLLM's DFlash
+    loader reads one: mask_embedding.pt (a plain tensor, torch.load(weights_only=True)) beside a non-null
+    dflash_config.mask_token_id, and model.safetensors with only the upstream keys. vLLM's embedding of
+    [root, mask id x (B-1)] with that file equals our block input, and our loader reads it back exactly."""
+    from safetensors import safe_open
+
+    setup = setups["tiny-llama"]
+    target = setup.target
+    drafter = make(family, target, ["path=random", "block_size=8", "seed=3"])
+    model = drafter.model
+    assert model.mask_embedding is not None and model.config.mask_token_id is None
+    with torch.no_grad():
+        model.mask_embedding.copy_(torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(1)))
+    save_block(model, tmp_path, layout)
+
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    mask_id = cfg["dflash_config"]["mask_token_id"]
+    assert isinstance(mask_id, int) and 0 <= mask_id < target.vocab_size and mask_id == target.vocab_size - 1
+    assert cfg["specbench"]["learned_mask_embedding"] and "auto_map" not in cfg
+    assert cfg["dflash_config"]["target_layer_ids"] == list(model.config.target_layer_ids)
+    assert cfg["is_causal"] == (family == "jetspec") and cfg["layer_types"] == ["full_attention"] * cfg["num_hidden_layers"]
+    vector = torch.load(tmp_path / "mask_embedding.pt", weights_only=True)
+    assert isinstance(vector, torch.Tensor) and vector.shape == (model.config.hidden_size,)
+    assert torch.equal(vector, model.mask_embedding.detach())
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    backbone = {k.removeprefix("model.") for k in keys if not k.startswith("ar_approximation.")}
+    assert backbone == dflash_keys(cfg["num_hidden_layers"])  # no mask_embedding key: z-lab's loader sees no stray key
+    if layout != "treeflash":
+        assert {vllm_names(k) for k in keys} | {"model.mask_embedding"} == vllm_params(cfg["num_hidden_layers"])
+
+    # vLLM: the query is [root, mask_id x (B-1)] embedded with the target's table, masked slots replaced
+    embed = target.model.get_input_embeddings().weight.detach()
+    again = make(family, target, [f"path={tmp_path}", "block_size=8"])
+    root = 7
+    ids = torch.tensor([root] + [mask_id] * (model.config.block_size - 1))
+    vllm_embeds = torch.where((ids == mask_id)[:, None], vector.reshape(-1).to(embed.dtype), embed[ids])
+    assert torch.equal(again.model.block_embeds(embed[root], embed), vllm_embeds)
+    for a, b in zip(model.state_dict().items(), again.model.state_dict().items()):
+        assert a[0] == b[0] and torch.equal(a[1], b[1])
+    assert_lossless(setup, again)
+    save_block(again.model, tmp_path / "resaved", layout)  # a loaded model keeps its id and file
+    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["dflash_config"]["mask_token_id"] == mask_id
+    assert torch.equal(torch.load(tmp_path / "resaved" / "mask_embedding.pt", weights_only=True), vector)
+
+
+def test_spare_id_keeps_plain_layout_and_mask_files_checked(setups, tmp_path):
+    """A model using a spare id of the target writes the plain upstream layout (no file, even over a
+    stale one); specbench's older layout (mask_embedding in model.safetensors, id null) still loads;
+    vLLM's dict form of the file loads; a mismatched, mis-sized or missing mask is one line."""
+    setup = setups["tiny-qwen3"]
+    target = setup.target
+    learned = random_block_model(target, seed=0, block_size=8)
+    save_block(learned, tmp_path / "plain", "dflash")
+    assert (tmp_path / "plain" / "mask_embedding.pt").exists()
+    spare = random_block_model(target, seed=0, block_size=8, mask_token_id=300)  # tiny-qwen3 tokenizes 259 ids of 384
+    save_block(spare, tmp_path / "plain", "dflash")
+    cfg = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert cfg["dflash_config"]["mask_token_id"] == 300 and "specbench" not in cfg
+    assert not (tmp_path / "plain" / "mask_embedding.pt").exists()
+    assert load_block(tmp_path / "plain", target, "dflash").mask_embedding is None
+
+    # the older layout: the vector inside model.safetensors, mask_token_id null
+    vector = torch.randn(target.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        learned.mask_embedding.copy_(vector)
+    save_block(learned, tmp_path / "old", "dflash")
+    (tmp_path / "old" / "mask_embedding.pt").unlink()
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    cfg["dflash_config"]["mask_token_id"] = None
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg))
+    state = {k: v.contiguous() for k, v in learned.state_dict().items()}
+    save_file(state, str(tmp_path / "old" / "model.safetensors"))
+    assert torch.equal(load_block(tmp_path / "old", target, "dflash").mask_embedding.detach(), vector)
+
+    # vLLM's dict form; then broken files
+    save_block(learned, tmp_path / "dict", "dflash")
+    mask_id = json.loads((tmp_path / "dict" / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    pt = tmp_path / "dict" / "mask_embedding.pt"
+    torch.save({"mask_token_id": mask_id, "embedding": vector[None]}, pt)
+    assert torch.equal(load_block(tmp_path / "dict", target, "dflash").mask_embedding.detach(), vector)
+    bad = [({"mask_token_id": mask_id - 1, "embedding": vector}, "is for mask_token_id"),
+           (torch.zeros(target.hidden_size + 1), "hidden_size"), ({"mask_token_id": mask_id}, "no floating-point tensor")]
+    for content, words in bad:
+        torch.save(content, pt)
+        with pytest.raises(UserError, match=words) as info:
+            load_block(tmp_path / "dict", target, "dflash")
+        assert "\n" not in str(info.value)
+    pt.write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match="could not read mask_embedding.pt"):
+        load_block(tmp_path / "dict", target, "dflash")
+    pt.unlink()
+    cfg = json.loads((tmp_path / "dict" / "config.json").read_text())
+    cfg["dflash_config"]["mask_token_id"] = None
+    (tmp_path / "dict" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="mask_token_id null but no mask_embedding.pt"):
+        load_block(tmp_path / "dict", target, "dflash")
+
+
 def test_registered_and_configurable():
     eps = available_drafters()
     assert {"dflash", "jetspec", "treeflash"} <= set(eps)
@@ -600,13 +719,16 @@ def test_shipped_smollm2_checkpoints_are_package_data(family):
     cfg = json.loads((path / "config.json").read_text())
     assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_target_layers"]) == (49152, 576, 30)
     assert bool(cfg["dflash_config"].get("causal_head", False)) == causal
-    assert cfg["dflash_config"]["mask_token_id"] is None and cfg["specbench"]["learned_mask_embedding"]
+    # SmolLM2 has no spare id: vLLM's layout for a learned mask (a chosen id + mask_embedding.pt)
+    assert cfg["dflash_config"]["mask_token_id"] == 49151 and cfg["specbench"]["learned_mask_embedding"]
+    mask = torch.load(path / "mask_embedding.pt", weights_only=True)
+    assert isinstance(mask, torch.Tensor) and mask.shape == (576,) and mask.dtype == torch.float16
     assert (path / "model.safetensors").stat().st_size <= max_mb * 2**20
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
         assert all(f.get_tensor(k).dtype == torch.float16 for k in keys)
     backbone = {k.removeprefix("model.") for k in keys if not k.startswith("ar_approximation.")}
-    assert backbone == dflash_keys(cfg["num_hidden_layers"]) | {"mask_embedding"}
+    assert backbone == dflash_keys(cfg["num_hidden_layers"])
     assert all(k.startswith(("model.", "ar_approximation.")) for k in keys) == treeflash
     if treeflash:
         assert cfg["treeflash_config"]["ar_approximation"] == "swiglu"

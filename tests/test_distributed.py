@@ -101,3 +101,65 @@ def test_existing_out_refused_without_resume(tmp_path, monkeypatch):
     spec = runner.RunSpec(target="tiny-llama", task="humaneval", limit=1, out=out)
     with pytest.raises(distributed.UserError, match="exists; pass --resume"):
         distributed.run(spec, lambda s: None, None, distributed.World(0, 2, 0))
+
+
+# ---------------------------------------------------------------- --device-map (targets bigger than one GPU)
+
+
+def test_device_map_refused_on_a_cpu_only_machine(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--device-map", "auto", "--limit", "1",
+                                          "--results-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "CPU only" in lines[0] and "--device-map" in lines[0]
+    assert "Traceback" not in result.output and not (tmp_path / "r").exists()
+    bad = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--device-map", "everywhere", "--limit", "1"])
+    assert bad.exit_code == 2 and "unknown --device-map 'everywhere'" in bad.stderr
+
+
+def test_device_map_refused_for_a_built_in_target():
+    from specbench.targets import load_target
+
+    with pytest.raises(distributed.UserError, match="built in code"):
+        load_target("tiny-llama", device_map="auto")
+
+
+def test_placement_text():
+    class Model:
+        hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": 1}
+
+    assert runner.placement("auto", Model()) == "auto: cuda:0, cuda:1"
+    assert runner.placement("auto", object()) == "auto: unknown"
+
+
+def test_device_map_on_a_gpu_is_recorded_and_lossless(tmp_path, wide_console):
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipping: --device-map needs a CUDA GPU")
+        pytest.skip("--device-map needs a CUDA GPU")
+    from specbench.targets import build_tiny
+
+    model, tok = build_tiny("tiny-llama")
+    model_dir = tmp_path / "tiny-llama-dir"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    task_file = tmp_path / "p.jsonl"
+    task_file.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:3]))
+    outs = {}
+    for name, extra in (("mapped", ["--device-map", "auto"]), ("plain", ["--device", "cuda"])):
+        out = tmp_path / name / "x.parquet"
+        result = CliRunner().invoke(cli.app, ["run", "--target", str(model_dir), "--task-file", str(task_file), "--drafter", "ngram",
+                                              "--max-new-tokens", "12", "--no-warmup", "--dtype", "float32", "--results-dir",
+                                              str(out.parent), "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        outs[name] = pd.read_parquet(out)
+    mapped = outs["mapped"]
+    if torch.cuda.device_count() == 1:
+        assert set(mapped["device_map"]) == {"auto: cuda:0"}
+    assert all(v.startswith("auto: cuda:") for v in mapped["device_map"])
+    assert set(pd.read_parquet(tmp_path / "mapped" / "x.ar-baseline.parquet")["device_map"]) == set(mapped["device_map"])
+    assert [list(x) for x in mapped["output_ids"]] == [list(x) for x in outs["plain"]["output_ids"]]

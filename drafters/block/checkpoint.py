@@ -9,9 +9,23 @@
   ``ar_approximation.{ug.weight, ug.bias, d.weight, norm.weight}``, and
   ``treeflash_config: {ar_approximation: "swiglu" | null, candidate_tokens}``.
 
-Ours, recorded in ``config.json``: a target with no spare token id gets a learned
-``mask_embedding`` [H] (``dflash_config.mask_token_id: null``, ``specbench.learned_mask_embedding``);
-a TreeFlash correction narrower than ``intermediate_size`` is recorded as
+A target with no spare token id (SmolLM2) needs a learned mask embedding [H]. It is written the
+way vLLM's DFlash model (``qwen3_dflash.py``) takes one: ``mask_embedding.pt`` beside the weights,
+a plain tensor saved with ``torch.save`` (vLLM reads it with ``torch.load(weights_only=True)`` and
+``reshape(-1)``), together with a non-null ``dflash_config.mask_token_id`` (vLLM's proposer fills
+the B-1 masked slots with that id and the model swaps in the file's vector wherever the input id
+equals it). The chosen id is the last id of the vocabulary (``vocab_size - 1``: a reserved padding
+row or the rarest BPE merge; only a root equal to it would see the mask vector instead of its own
+embedding, which costs acceptance, never correctness), or the id a loaded checkpoint recorded.
+``model.safetensors`` then holds the plain upstream key set; ``specbench.learned_mask_embedding``
+marks the layout. z-lab's and TreeFlash's code (and SGLang) read the mask from the target's own
+embedding row and ignore the file, so they cannot serve such a checkpoint; no ``auto_map`` is
+written (z-lab's remote code would build a model that drafts with the wrong mask vector). A model
+that uses a spare id of the target keeps the plain upstream layout (no file). Loading prefers
+``mask_embedding.pt`` (the vector vLLM uses), and still reads specbench's older layout (a
+``mask_embedding`` key in ``model.safetensors`` with ``mask_token_id: null``).
+
+A TreeFlash correction narrower than ``intermediate_size`` is recorded as
 ``treeflash_config.ar_intermediate_size`` (upstream always uses ``intermediate_size``).
 
 Loading refuses, with one line, a checkpoint made for another target (vocab size, hidden size,
@@ -31,6 +45,7 @@ from drafters.loading import check_made_for, read_config
 from specbench.errors import UserError
 
 WEIGHTS_NAME = "model.safetensors"
+MASK_EMBEDDING_NAME = "mask_embedding.pt"  # vLLM's file for a learned mask embedding
 LAYOUTS = ("dflash", "jetspec", "treeflash")
 _KNOWN = {
     "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -45,8 +60,9 @@ def config_dict(cfg: BlockConfig, layout: str) -> dict:
     """The ``config.json`` of ``cfg`` in ``layout`` (dflash, jetspec or treeflash)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}")
-    out = dict(cfg.extra)
-    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids), "block_size": cfg.block_size}
+    out = {k: v for k, v in cfg.extra.items() if k != "candidate_tokens"}  # TreeFlash's lives in treeflash_config
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else export_mask_token_id(cfg)
+    dflash = {"mask_token_id": mask_id, "target_layer_ids": list(cfg.target_layer_ids), "block_size": cfg.block_size}
     if cfg.causal:
         dflash["causal_head"] = True
     arch = {"dflash": "DFlashDraftModel", "jetspec": "DFlashDraftModel", "treeflash": "TreeFlashDraftModel"}[layout]
@@ -70,6 +86,14 @@ def config_dict(cfg: BlockConfig, layout: str) -> dict:
     if cfg.mask_token_id is None:
         out["specbench"] = dict(out.get("specbench", {}), learned_mask_embedding=True)
     return out
+
+
+def export_mask_token_id(cfg: BlockConfig) -> int:
+    """The ``mask_token_id`` written for a model with a learned mask embedding (see the module doc)."""
+    recorded = cfg.extra.get("mask_token_id")
+    if isinstance(recorded, int) and 0 <= recorded < cfg.vocab_size:
+        return recorded
+    return cfg.vocab_size - 1
 
 
 def config_from_dict(d: dict) -> BlockConfig:
@@ -114,14 +138,19 @@ def state_dict_for(model: BlockModel, layout: str) -> dict[str, torch.Tensor]:
 
 
 def save_block(model: BlockModel, path: str | Path, layout: str) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` of ``model`` into directory ``path``."""
+    """Write ``config.json`` + ``model.safetensors`` (+ ``mask_embedding.pt``) of ``model`` into ``path``."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     config = config_dict(model.config, layout)
     config["torch_dtype"] = str(model.fc.weight.dtype).removeprefix("torch.")
     tensors = state_dict_for(model, layout)
+    mask = tensors.pop("model.mask_embedding" if layout == "treeflash" else "mask_embedding", None)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    if mask is not None:
+        torch.save(mask.clone(), out / MASK_EMBEDDING_NAME)  # a plain [H] tensor, what vLLM reads
+    else:
+        (out / MASK_EMBEDDING_NAME).unlink(missing_ok=True)  # never leave a stale one beside a plain layout
     return out
 
 
@@ -154,6 +183,13 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
     if any(k.startswith("model.") for k in state):  # the TreeFlash layout
         state = {k.removeprefix("model."): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if (src / MASK_EMBEDDING_NAME).exists():  # a learned mask embedding, vLLM's file (preferred)
+        state["mask_embedding"] = _read_mask_embedding(src / MASK_EMBEDDING_NAME, cfg, where)
+        recorded = {} if cfg.mask_token_id is None else {"mask_token_id": int(cfg.mask_token_id)}
+        cfg = cfg.replace(mask_token_id=None, extra=cfg.extra | recorded)
+    elif cfg.mask_token_id is None and "mask_embedding" not in state:
+        raise UserError(f"{where} has mask_token_id null but no {MASK_EMBEDDING_NAME}: it needs a mask token id "
+                        "or the learned mask embedding")
     model = BlockModel(cfg)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -169,4 +205,24 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 
-__all__ = ["save_block", "load_block", "config_dict", "config_from_dict", "state_dict_for", "LAYOUTS", "WEIGHTS_NAME"]
+def _read_mask_embedding(path: Path, cfg: BlockConfig, where: str) -> torch.Tensor:
+    """``mask_embedding.pt``: a tensor of hidden_size values, or vLLM's ``{mask_token_id, embedding}`` dict."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a corrupt or pickled-code file becomes one line
+        raise UserError(f"{where}: could not read {MASK_EMBEDDING_NAME} ({type(exc).__name__})") from None
+    if isinstance(state, dict):
+        recorded = state.get("mask_token_id", cfg.mask_token_id)
+        if cfg.mask_token_id is not None and recorded != cfg.mask_token_id:
+            raise UserError(f"{where}: {MASK_EMBEDDING_NAME} is for mask_token_id {recorded}, "
+                            f"config.json says {cfg.mask_token_id}")
+        state = state.get("embedding")
+    if not isinstance(state, torch.Tensor) or not state.is_floating_point():
+        raise UserError(f"{where}: {MASK_EMBEDDING_NAME} holds no floating-point tensor")
+    if state.numel() != cfg.hidden_size:
+        raise UserError(f"{where}: {MASK_EMBEDDING_NAME} holds {state.numel()} values, hidden_size is {cfg.hidden_size}")
+    return state.reshape(-1)
+
+
+__all__ = ["save_block", "load_block", "config_dict", "config_from_dict", "state_dict_for", "export_mask_token_id",
+           "LAYOUTS", "WEIGHTS_NAME", "MASK_EMBEDDING_NAME"]
