@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.drafter import DraftContext, Sampling
+from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree, root_only
 
 
@@ -17,7 +17,7 @@ class ARConfig:
     pass
 
 
-class ARDrafter:
+class ARDrafter(Drafter):
     description = "autoregressive baseline: no drafts, one token per target forward (tau = 1)"
     Config = ARConfig
     feature_layers: tuple[int, ...] = ()

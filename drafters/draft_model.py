@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.drafter import DraftContext, Sampling, UserError
+from specbench.drafter import CheckpointId, DraftContext, Drafter, Sampling, UserError
 from specbench.tree import DraftTree, chain
 from specbench.verify import target_probs
 
@@ -37,9 +37,10 @@ class DraftModelConfig:
             raise ValueError("num_draft and top_k must be at least 1")
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     description = "draft model (SpS): a small LM with the same tokenizer drafts a chain or a top-k tree (--set model=...)"
     Config = DraftModelConfig
+    test_options = (("model=tiny-llama",), ("model=tiny-llama", "top_k=3", "num_draft=3"))
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, target, config: DraftModelConfig | None = None):
@@ -58,6 +59,8 @@ class DraftModelDrafter:
         if self.draft.vocab_size > target.vocab_size:
             raise UserError(f"draft model vocabulary ({self.draft.vocab_size}) is larger than the target's ({target.vocab_size})")
         self.target_vocab = target.vocab_size
+        # the draft LM's weights are this drafter's checkpoint
+        self.checkpoint = CheckpointId.of_tensors(self.config.model, self.draft.model.state_dict())
         self.reset(Sampling())
 
     def reset(self, sampling: Sampling) -> None:

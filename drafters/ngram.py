@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from specbench.drafter import DraftContext, Sampling
+from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree, from_paths
 
 
@@ -34,9 +34,10 @@ class NGramConfig:
             raise ValueError("num_draft and branches must be at least 1")
 
 
-class NGramDrafter:
+class NGramDrafter(Drafter):
     description = "prompt lookup: propose what followed the last n-gram earlier in prompt + output (chain or tree)"
     Config = NGramConfig
+    test_options = ((), ("branches=3",))
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, target, config: NGramConfig | None = None):

@@ -58,9 +58,8 @@ def generate(
     drafter.reset(sampling)
 
     t0 = _clock(dev)
-    feats = target.prefill(prompt_ids[:-1], layers)  # [L-1, F]: hidden at position j pairs with token j+1
-    if feats is not None:
-        feats = torch.cat([feats.new_zeros(1, feats.shape[-1]), feats], dim=0)  # token 0 has no predecessor
+    # [L-1, F]: the hidden state at position j pairs with token j+1, so token 0 gets no row
+    feats = target.prefill(prompt_ids[:-1], layers)
     pos = prompt_ids.numel() - 1
     ctx = DraftContext(tokens=prompt_ids.to(dev), features=feats, pos=pos, accepted_nodes=None)
     t_start = _clock(dev)

@@ -1,25 +1,45 @@
 """The drafter contract, the sampling settings, and the entry-point registry.
 
-A drafter is any object with ``feature_layers``, ``reset(sampling)`` and ``propose(ctx)``. The
-harness finds drafter classes through the ``specbench.drafters`` entry-point group, so a third-party
-package adds one without touching specbench; the harness never branches on a drafter's name.
+The harness finds drafter classes through the ``specbench.drafters`` entry-point group, so a
+third-party package adds one without touching specbench; the harness never branches on a drafter's
+name. Every registered class subclasses :class:`Drafter`, which declares every member a drafter
+may have, with a default wherever the member is optional:
 
-A drafter class provides:
-
-* ``Config``: a dataclass of its options (every field with a default). ``--set key=value`` on the
-  command line is parsed and validated against it by :func:`parse_config`.
-* ``description``: one line for ``specbench drafters``.
-* ``__init__(self, target, config)``: build against a loaded :class:`~specbench.targets.Target`.
+========================  =========  ===========================================================
+member                    required   meaning
+========================  =========  ===========================================================
+``Config``                no         a frozen dataclass of options, every field with a default
+                                     (``--set key=value`` is parsed against it); default: none.
+                                     A drafter that loads weights has a ``path`` field:
+                                     ``"auto"`` (the checkpoint shipped for the target),
+                                     ``"random"`` (seeded random init, for tests) or a directory.
+``description``           no         one line for ``specbench drafters``
+``__init__(target, cfg)`` yes        build against a loaded :class:`~specbench.targets.Target`
+``feature_layers``        no         HF ``hidden_states`` indices to tap (``()``: none)
+``reset(sampling)``       yes        forget everything about the previous generation
+``propose(ctx)``          yes        return a :class:`~specbench.tree.DraftTree` rooted at
+                                     ``ctx.tokens[-1]``
+``checkpoint``            no         :class:`CheckpointId` of the weights loaded (None: no weights)
+``training()``            no         the family's trainable class for ``specbench train``
+                                     (a :class:`specbench.train.trainer.Trainable`), or None
+``test_options``          no         ``--set`` option lists the conformance suite runs on the tiny
+                                     targets (``tests/test_conformance.py``); learned drafters
+                                     are also run with ``path=random`` and with a briefly
+                                     trained checkpoint when they have ``training()``
+========================  =========  ===========================================================
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+import hashlib
 import json
 import typing
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -27,7 +47,8 @@ from torch import Tensor
 from specbench.errors import UserError
 from specbench.tree import DraftTree
 
-__all__ = ["UserError", "Sampling", "DraftContext", "Drafter", "parse_config", "drafter_class"]
+__all__ = ["UserError", "Sampling", "DraftContext", "NewRows", "Drafter", "CheckpointId", "NoOptions", "parse_config",
+           "drafter_class", "takes_checkpoint", "config_json", "available_drafters"]
 
 ENTRY_POINT_GROUP = "specbench.drafters"
 
@@ -52,26 +73,111 @@ class DraftContext:
 
     On the first call of a generation ``tokens`` is the whole prompt; afterwards it is the accepted
     drafts of the previous tree followed by the bonus token. ``tokens[-1]`` is always the new root.
+
+    Feature rows. ``features[i]`` is the target hidden state at the position before its token (the
+    (hidden at t, token t+1) pairing EAGLE and DFlash use), so the first token of a sequence
+    (position 0) has no row: ``features`` pairs with the LAST ``features.shape[0]`` tokens, which
+    is all of them except on the first call. :meth:`new_rows` gives the rows with their tokens and
+    positions.
     """
 
     tokens: Tensor  # [m] int64 newly committed tokens; tokens[-1] is the new root
-    # [m, F] target features paired with tokens: features[i] is the target hidden state at the
-    # position before tokens[i] (zeros for the first token of the sequence). None when the drafter
-    # asked for no feature layers.
+    # [r, F] target features of the last r tokens (r = m, or m - 1 when tokens[0] sits at position 0);
+    # None when the drafter asked for no feature layers.
     features: Tensor | None
     pos: int  # position of the root == number of tokens in the target's KV cache
     accepted_nodes: Tensor | None  # [a+1] node ids of the previous tree on the accepted path (None on the first call)
 
+    @property
+    def first_pos(self) -> int:
+        """Absolute position of ``tokens[0]``."""
+        return self.pos - self.tokens.numel() + 1
 
-class Drafter(Protocol):
-    # hidden_states indices (HF convention: 0 = embeddings, i + 1 = output of layer i) to tap
-    feature_layers: tuple[int, ...]
+    def new_rows(self) -> "NewRows":
+        """The newly committed (token, feature) rows with their positions (see the class doc)."""
+        if self.features is None:
+            raise ValueError("this context carries no features: the drafter asked for no feature layers")
+        r = self.features.shape[0]
+        m = self.tokens.numel()
+        return NewRows(tokens=self.tokens[m - r:], features=self.features, positions=torch.arange(
+            self.pos - r + 1, self.pos + 1, device=self.tokens.device))
 
+
+@dataclass(frozen=True)
+class NewRows:
+    """Committed tokens that have a feature row, in order; the last is the root."""
+
+    tokens: Tensor  # [r] int64
+    features: Tensor  # [r, F] the target's state at the position before each token
+    positions: Tensor  # [r] int64 absolute position of each token (its feature is at position - 1)
+
+    @property
+    def count(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class CheckpointId:
+    """Which weights a drafter runs: where they came from and a digest of their bytes."""
+
+    path: str  # the directory (or "random:seed=S", or a draft LM's name)
+    sha256: str  # of the weight files read (sorted by name), or of the tensors for in-memory weights
+
+    @staticmethod
+    def of_files(path: str | Path, files: list[Path]) -> "CheckpointId":
+        h = hashlib.sha256()
+        for f in sorted(files, key=lambda p: p.name):
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        return CheckpointId(str(path), h.hexdigest())
+
+    @staticmethod
+    def of_tensors(path: str, state: dict[str, Tensor]) -> "CheckpointId":
+        h = hashlib.sha256()
+        for key in sorted(state):
+            t = state[key].detach().cpu().contiguous()
+            h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return CheckpointId(path, h.hexdigest())
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The Config of a drafter without options."""
+
+
+class Drafter(abc.ABC):
+    """The base class of every drafter (see the module doc for the members)."""
+
+    Config: ClassVar[type] = NoOptions
+    description: ClassVar[str] = ""
+    # option lists (``--set`` pairs) the conformance suite runs on the tiny test targets
+    test_options: ClassVar[tuple[tuple[str, ...], ...]] = ((),)
+    feature_layers: tuple[int, ...] = ()  # HF hidden_states indices (0 = embeddings, i + 1 = output of layer i)
+    checkpoint: CheckpointId | None = None
+
+    @abc.abstractmethod
+    def __init__(self, target, config) -> None: ...
+
+    @abc.abstractmethod
     def reset(self, sampling: Sampling) -> None:
         """Forget everything about the previous generation."""
 
+    @abc.abstractmethod
     def propose(self, ctx: DraftContext) -> DraftTree:
         """Return a tree rooted at ``ctx.tokens[-1]``."""
+
+    @classmethod
+    def training(cls) -> type | None:
+        """The family's trainable for ``specbench train`` (imported on demand), or None."""
+        return None
+
+
+def takes_checkpoint(cls: type[Drafter]) -> bool:
+    """True when the drafter loads weights (its Config has a ``path`` option)."""
+    return "path" in {f.name for f in dataclasses.fields(cls.Config)}
 
 
 # --------------------------------------------------------------------------- registry
@@ -82,11 +188,19 @@ def available_drafters() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def drafter_class(name: str) -> type:
+def drafter_class(name: str) -> type[Drafter]:
     eps = available_drafters()
     if name not in eps:
         raise UserError(f"unknown drafter '{name}'; choose one of: {', '.join(sorted(eps))} (see `specbench drafters`)")
-    return eps[name].load()
+    cls = eps[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+        raise UserError(f"drafter '{name}' ({eps[name].value}) does not subclass specbench.drafter.Drafter; "
+                        "fix the package that registers it")
+    if not (dataclasses.is_dataclass(cls.Config) and all(
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            for f in dataclasses.fields(cls.Config))):
+        raise UserError(f"drafter '{name}': its Config must be a dataclass with a default for every field")
+    return cls
 
 
 def _coerce(value: str, typ: Any, key: str) -> Any:

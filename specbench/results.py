@@ -37,7 +37,8 @@ _ROW_SCHEMA: list[tuple[str, pa.DataType]] = [
     ("target", pa.string()),
     ("drafter", pa.string()),
     ("drafter_config", pa.string()),  # canonical JSON of the drafter's Config
-    ("checkpoint_hash", pa.string()),  # None when the drafter has no checkpoint
+    ("checkpoint_hash", pa.string()),  # sha256 of the drafter's weights (CheckpointId); None without weights
+    ("checkpoint_path", pa.string()),  # where those weights came from (a directory, "random:seed=S", a model name)
     ("task", pa.string()),
     ("category", pa.string()),
     ("prompt_id", pa.string()),
@@ -78,7 +79,7 @@ ROW_SCHEMA = pa.schema(_ROW_SCHEMA)
 
 # The run settings a resumed run must share with the rows already on disk.
 RESUME_KEYS = (
-    "target", "drafter", "drafter_config", "task", "temperature", "top_p", "top_k", "seed",
+    "target", "drafter", "drafter_config", "checkpoint_hash", "task", "temperature", "top_p", "top_k", "seed",
     "max_new_tokens", "device", "dtype",
 )
 
@@ -188,8 +189,12 @@ def _rows_to_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+# columns added after schema version 1 was first written: older files lack them (read as null)
+OPTIONAL_COLUMNS = ("checkpoint_path",)
+
+
 def _check_columns(table: pa.Table, path: Path, fix: str) -> None:
-    missing = [c for c in ROW_COLUMNS if c not in table.column_names]
+    missing = [c for c in ROW_COLUMNS if c not in table.column_names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise UserError(
             f"{path} is not a specbench results file (missing columns {', '.join(missing[:4])}"
@@ -427,7 +432,11 @@ def read_results(paths: Iterable[Path]) -> pd.DataFrame:
                 f"{SCHEMA_VERSION}: use the specbench that wrote it or rerun the benchmark"
             )
         _check_columns(table, path, _NOT_OURS)
-        frames.append(table.to_pandas())
+        frame = table.to_pandas()
+        for col in OPTIONAL_COLUMNS:
+            if col not in frame.columns:
+                frame[col] = None
+        frames.append(frame)
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in ROW_COLUMNS})
     return pd.concat(frames, ignore_index=True)

@@ -84,8 +84,9 @@ class Target:
     def prefill(self, ids: Tensor, feature_layers: tuple[int, ...] = ()) -> Tensor | None:
         """Start a fresh cache holding ``ids`` ([L] int64). Returns [L, F] features or None."""
         self.cache = DynamicCache(config=self.model.config)
-        if ids.numel() == 0:
-            return None
+        if ids.numel() == 0:  # a one-token prompt: nothing to run, no feature rows
+            return None if not feature_layers else torch.zeros(0, self.hidden_size * len(feature_layers),
+                                                                dtype=self.dtype, device=self.device)
         out = self.model(
             input_ids=ids.to(self.device)[None],
             cache=self.cache,

@@ -14,6 +14,7 @@ def synthetic_row(prompt_id: str, turn: int, accepted: list[int], **overrides) -
         "drafter": "eagle3",
         "drafter_config": '{"depth":4}',
         "checkpoint_hash": None,
+        "checkpoint_path": None,
         "task": "mt_bench",
         "category": "writing",
         "prompt_id": prompt_id,

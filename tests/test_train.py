@@ -330,7 +330,7 @@ def test_run_eagle3_without_a_head_for_the_target_is_one_line(tmp_path, wide_con
     res = CliRunner().invoke(app, ["run", "--drafter", "eagle3", "--target", "tiny-llama", "--limit", "1",
                                    "--out", str(tmp_path / "r.parquet")])
     assert res.exit_code == 2, res.output
-    assert "no trained EAGLE-3 head ships for target 'tiny-llama'" in res.output and "Traceback" not in res.output
+    assert "no trained eagle3 drafter ships for target 'tiny-llama'" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "r.parquet").exists()
 
 

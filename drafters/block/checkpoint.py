@@ -38,10 +38,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from drafters.block.model import BlockConfig, BlockModel, build_target_layer_ids
-from drafters.loading import check_made_for, read_config
+from drafters.common.loading import check_made_for, load_checked, read_config, read_weights
+from drafters.common.rope import rope_parameters
+from drafters.common.shape import rope_from_config_dict
+from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -49,7 +52,7 @@ MASK_EMBEDDING_NAME = "mask_embedding.pt"  # vLLM's file for a learned mask embe
 LAYOUTS = ("dflash", "jetspec", "treeflash")
 _KNOWN = {
     "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters",
+    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "max_position_embeddings", "block_size", "num_target_layers", "layer_types", "dflash_config", "treeflash_config",
     "is_causal", "specbench", "torch_dtype", "dtype", "tie_word_embeddings", "hidden_act", "attention_bias",
     "target_hidden_size",
@@ -70,8 +73,8 @@ def config_dict(cfg: BlockConfig, layout: str) -> dict:
         architectures=[arch], model_type="qwen3", hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.dim_per_head, vocab_size=cfg.vocab_size,
-        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"},
+        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+        rope_parameters=rope_parameters(cfg.rope_theta, cfg.rope_scaling),
         max_position_embeddings=cfg.max_position_embeddings, block_size=cfg.block_size,
         num_target_layers=cfg.num_target_layers, layer_types=["full_attention"] * cfg.num_hidden_layers,
         dflash_config=dflash, is_causal=cfg.causal, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
@@ -109,8 +112,7 @@ def config_from_dict(d: dict) -> BlockConfig:
         if n_target is None:
             raise KeyError("dflash_config.target_layer_ids")
         layer_ids = build_target_layer_ids(int(n_target), int(d["num_hidden_layers"]))
-    rope = d.get("rope_parameters") or {}
-    theta = d.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    theta, scaling = rope_from_config_dict(d)
     causal = bool(dflash.get("causal_head", d.get("is_causal") or False))
     return BlockConfig(
         hidden_size=int(d["hidden_size"]), intermediate_size=int(d["intermediate_size"]),
@@ -119,7 +121,7 @@ def config_from_dict(d: dict) -> BlockConfig:
         target_layer_ids=tuple(int(i) for i in layer_ids),
         num_target_layers=int(n_target) if n_target is not None else max(layer_ids) + 3,
         block_size=int(d.get("block_size") or dflash.get("block_size") or 16), head_dim=d.get("head_dim"),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=int(d.get("max_position_embeddings") or 8192),
         target_hidden_size=d.get("target_hidden_size"), mask_token_id=dflash.get("mask_token_id", d.get("mask_token_id")),
         causal=causal, ar_approximation=tf.get("ar_approximation"), ar_intermediate_size=tf.get("ar_intermediate_size"),
@@ -159,6 +161,11 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
 
     ``family`` names the drafter asking (for messages and the causal check).
     """
+    return read_block(path, target, family)[0]
+
+
+def read_block(path: str | Path, target, family: str) -> tuple[BlockModel, CheckpointId]:
+    """:func:`load_block` plus the identity (path, sha256 of the weight files read) of the checkpoint."""
     src = Path(path).expanduser()
     where = f"{family} checkpoint '{src}'"
     cfg = read_config(src, where, config_from_dict)
@@ -174,16 +181,13 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
     if cfg.mask_token_id is not None and not 0 <= int(cfg.mask_token_id) < target.vocab_size:
         raise UserError(f"{where}: mask_token_id {cfg.mask_token_id} is outside the target's vocabulary")
 
-    try:
-        state = dict(load_file(str(src / WEIGHTS_NAME)))
-    except FileNotFoundError:
-        raise UserError(f"{where} has no {WEIGHTS_NAME}") from None
-    except Exception as exc:  # noqa: BLE001 - a corrupt file becomes one line
-        raise UserError(f"{where}: could not read {WEIGHTS_NAME} ({type(exc).__name__})") from None
+    if not (src / WEIGHTS_NAME).exists():
+        raise UserError(f"{where} has no {WEIGHTS_NAME}")
+    state, identity = read_weights(src, where)
     if any(k.startswith("model.") for k in state):  # the TreeFlash layout
         state = {k.removeprefix("model."): v for k, v in state.items()}
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if (src / MASK_EMBEDDING_NAME).exists():  # a learned mask embedding, vLLM's file (preferred)
+        identity = CheckpointId.of_files(src, [src / WEIGHTS_NAME, src / MASK_EMBEDDING_NAME])
         state["mask_embedding"] = _read_mask_embedding(src / MASK_EMBEDDING_NAME, cfg, where)
         recorded = {} if cfg.mask_token_id is None else {"mask_token_id": int(cfg.mask_token_id)}
         cfg = cfg.replace(mask_token_id=None, extra=cfg.extra | recorded)
@@ -191,18 +195,8 @@ def load_block(path: str | Path, target, family: str) -> BlockModel:
         raise UserError(f"{where} has mask_token_id null but no {MASK_EMBEDDING_NAME}: it needs a mask token id "
                         "or the learned mask embedding")
     model = BlockModel(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise UserError(f"{where} lacks weights: {', '.join(missing[:5])}")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{where} holds weights a block drafter with this config.json does not have: {', '.join(unexpected[:5])}")
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
-    model.load_state_dict(state, strict=True)
-    return model.to(device=target.device, dtype=target.dtype).eval()
+    load_checked(model, state, where, "a block drafter with this config.json")
+    return model.to(device=target.device, dtype=target.dtype).eval(), identity
 
 
 def _read_mask_embedding(path: Path, cfg: BlockConfig, where: str) -> torch.Tensor:
@@ -224,5 +218,5 @@ def _read_mask_embedding(path: Path, cfg: BlockConfig, where: str) -> torch.Tens
     return state.reshape(-1)
 
 
-__all__ = ["save_block", "load_block", "config_dict", "config_from_dict", "state_dict_for", "export_mask_token_id",
+__all__ = ["save_block", "load_block", "read_block", "config_dict", "config_from_dict", "state_dict_for", "export_mask_token_id",
            "LAYOUTS", "WEIGHTS_NAME", "MASK_EMBEDDING_NAME"]

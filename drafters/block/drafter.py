@@ -22,29 +22,19 @@ best-first), so ``draft_probs`` is None and the verifier's point-mass rule keeps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from drafters.block.checkpoint import load_block
-from drafters.block.model import BlockModel, ContextCache, random_block_model
+from drafters.block.checkpoint import read_block
+from drafters.block.model import (
+    BIDIRECTIONAL, BIDIRECTIONAL_WITH_CORRECTION, CAUSAL, Backbone, BlockModel, ContextCache, random_block_model,
+)
+from drafters.block.train import DFlashTraining, JetSpecTraining, TreeFlashTraining
 from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
-from specbench.drafter import DraftContext, Sampling
-from specbench.errors import UserError
+from drafters.common.loading import random_identity, shipped_checkpoint
+from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree
-
-
-def shipped_checkpoint(family: str, target_name: str) -> Path:
-    """The trained drafter of ``family`` that ships for ``target_name`` (package data), or a UserError."""
-    resource = files("drafters").joinpath("checkpoints", f"{family}-{target_name}")
-    if not resource.joinpath("config.json").is_file():
-        raise UserError(
-            f"no trained {family} drafter ships for target '{target_name}'; train one with `specbench train --drafter "
-            f"{family} --target {target_name} --out DIR` and pass --drafter-path DIR (or --set path=random for an untrained one)"
-        )
-    return Path(str(resource))
 
 
 @dataclass(frozen=True)
@@ -56,36 +46,32 @@ class _Common:
     block_size: int = 16  # random init only
 
 
-class _BlockDrafter:
-    family = "block"
-    causal = False  # random init: JetSpec's causal block
-    ar_approximation: str | None = None  # random init: TreeFlash's correction
+class _BlockDrafter(Drafter):
+    """A block family = a name, a :class:`Backbone`, a tree rule (:meth:`build_tree`) and a
+    training recipe (:meth:`training`), each set by the family class below."""
+
+    family: str  # the name in messages and in the shipped-checkpoint folder
+    backbone: Backbone
 
     def __init__(self, target, config):
         self.config = config
         if config.path == "random":
             self.model: BlockModel = random_block_model(
                 target, seed=config.seed, num_hidden_layers=config.num_layers, block_size=config.block_size,
-                causal=self.causal, ar_approximation=self.ar_approximation,
-                ar_intermediate_size=getattr(config, "ar_intermediate_size", None) or None)
+                causal=self.backbone.causal, ar_approximation=self.backbone.ar_approximation, **self.random_extra())
+            self.checkpoint = random_identity(self.model, config.seed)
         else:
             src = shipped_checkpoint(self.family, target.name) if config.path == "auto" else config.path
-            self.model = load_block(src, target, self.family)
-        self.check_model(self.model)
+            self.model, self.checkpoint = read_block(src, target, self.family)
+        self.backbone.check(self.model, self.family)
         self.feature_layers: tuple[int, ...] = self.model.config.feature_layers
         self.embed = target.model.get_input_embeddings().weight  # the target's, never copied
         self.lm_head = target.model.get_output_embeddings().weight
         self.reset(Sampling())
 
-    def check_model(self, model: BlockModel) -> None:
-        """Refuse a checkpoint this family cannot run (one line)."""
-
-    @classmethod
-    def trainer(cls):
-        """The trainable for `specbench train` (imported on demand)."""
-        from drafters.block import train
-
-        return getattr(train, f"{cls.Config.__name__.removesuffix('Config')}Training")
+    def random_extra(self) -> dict:
+        """Family-specific BlockConfig fields of a random init."""
+        return {}
 
     def reset(self, sampling: Sampling) -> None:
         self.sampling = sampling
@@ -96,15 +82,13 @@ class _BlockDrafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         model = self.model
         device = ctx.tokens.device
-        m = ctx.tokens.numel()
         root = int(ctx.tokens[-1])
-        first = ctx.pos - m + 1  # absolute position of ctx.tokens[0]
-        skip = 1 if first == 0 else 0  # token 0 has no predecessor state
-        if first + skip - 1 != self.n_context and skip < m:
-            raise RuntimeError(f"{self.family}: context cache holds {self.n_context} rows but new rows start at {first + skip - 1}")
+        rows = ctx.new_rows()  # the first token of a sequence has no predecessor state: no row
+        ctx_pos = rows.positions - 1  # context row p is the target's state at position p
+        if rows.count and int(ctx_pos[0]) != self.n_context:
+            raise RuntimeError(f"{self.family}: context cache holds {self.n_context} rows but new rows start at {int(ctx_pos[0])}")
         dtype = model.fc.weight.dtype
-        context = model.context(ctx.features[skip:].to(dtype))  # [m - skip, H]
-        ctx_pos = torch.arange(first + skip - 1, ctx.pos, device=device)
+        context = model.context(rows.features.to(dtype))  # [r, H]
         block = model.block_embeds(self.embed[root].to(dtype), self.embed)
         b = model.config.block_size
         hidden = model.forward_block(block, torch.arange(ctx.pos, ctx.pos + b, device=device), context, ctx_pos, self.cache)
@@ -139,10 +123,12 @@ class DFlashDrafter(_BlockDrafter):
     description = "DFlash: bidirectional block diffusion head, argmax chain or marginal best-first tree (tree=marginal)"
     Config = DFlashConfig
     family = "dflash"
+    backbone = BIDIRECTIONAL
+    test_options = (("block_size=8",), ("block_size=8", "tree=marginal", "budget=20", "top_k=4"))
 
-    def check_model(self, model: BlockModel) -> None:
-        if model.config.causal:
-            raise UserError(f"{self.family}: this checkpoint has a causal block (a JetSpec head); run it with --drafter jetspec")
+    @classmethod
+    def training(cls):
+        return DFlashTraining
 
     def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
         logits = self.depth_logits(hidden)
@@ -175,12 +161,12 @@ class JetSpecDrafter(_BlockDrafter):
     description = "JetSpec: causal parallel block head, cumulative-log-prob best-first tree (budget, width)"
     Config = JetSpecConfig
     family = "jetspec"
-    causal = True
+    backbone = CAUSAL
+    test_options = (("block_size=8", "budget=20", "width=4"), ("block_size=8", "budget=20", "width=4", "tree=kbest"))
 
-    def check_model(self, model: BlockModel) -> None:
-        if not model.config.causal:
-            raise UserError(f"{self.family}: this checkpoint has a bidirectional block (a DFlash head; no "
-                            "dflash_config.causal_head); run it with --drafter dflash")
+    @classmethod
+    def training(cls):
+        return JetSpecTraining
 
     def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
         cfg = self.config
@@ -234,11 +220,16 @@ class TreeFlashDrafter(_BlockDrafter):
     description = "TreeFlash: bidirectional block head + previous-token MLP, two-stage lazy k-best tree"
     Config = TreeFlashConfig
     family = "treeflash"
-    ar_approximation = "swiglu"
+    backbone = BIDIRECTIONAL_WITH_CORRECTION
+    test_options = (("block_size=8", "budget=20", "top_m=4", "top_k=4"),
+                    ("block_size=8", "budget=20", "top_k=4", "ar_approximation=false"))
 
-    def check_model(self, model: BlockModel) -> None:
-        if model.config.causal:
-            raise UserError(f"{self.family}: this checkpoint has a causal block (a JetSpec head); run it with --drafter jetspec")
+    @classmethod
+    def training(cls):
+        return TreeFlashTraining
+
+    def random_extra(self) -> dict:
+        return {"ar_intermediate_size": self.config.ar_intermediate_size or None}
 
     def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
         cfg = self.config
@@ -253,4 +244,4 @@ class TreeFlashDrafter(_BlockDrafter):
 
 
 __all__ = ["DFlashDrafter", "DFlashConfig", "JetSpecDrafter", "JetSpecConfig", "TreeFlashDrafter", "TreeFlashConfig",
-           "transition_tables", "shipped_checkpoint"]
+           "transition_tables", "Backbone", "BIDIRECTIONAL", "CAUSAL", "BIDIRECTIONAL_WITH_CORRECTION"]

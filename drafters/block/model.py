@@ -46,7 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from drafters.nn import RMSNorm, rotate_half
+from drafters.common.kv_cache import LayerCaches
+from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
+from drafters.common.rope import Rotary
+from drafters.common.shape import target_shape
+from specbench.errors import UserError
 
 
 def build_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
@@ -73,6 +77,7 @@ class BlockConfig:
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # the target's HF rope_scaling (llama3, yarn, ...), None = plain RoPE
     max_position_embeddings: int = 8192
     target_hidden_size: int | None = None  # None = hidden_size
     mask_token_id: int | None = None  # None = a learned ``mask_embedding`` (no spare id in the target)
@@ -110,23 +115,10 @@ class BlockConfig:
     @classmethod
     def for_target(cls, target, num_hidden_layers: int = 2, block_size: int = 16, **overrides: Any) -> "BlockConfig":
         """A drafter shaped like ``target``'s layers, tapping ``num_hidden_layers`` target layers."""
-        tc = target.model.config
-        rope = dict(getattr(tc, "rope_parameters", None) or {})
-        theta = rope.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
         values: dict[str, Any] = dict(
-            hidden_size=target.hidden_size,
-            intermediate_size=int(getattr(tc, "intermediate_size", 4 * target.hidden_size)),
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=int(tc.num_attention_heads),
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads),
-            vocab_size=target.vocab_size,
+            target_shape(target), num_hidden_layers=num_hidden_layers,
             target_layer_ids=build_target_layer_ids(target.num_layers, num_hidden_layers),
-            num_target_layers=target.num_layers,
-            block_size=block_size,
-            head_dim=getattr(tc, "head_dim", None),
-            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 8192)),
+            num_target_layers=target.num_layers, block_size=block_size,
         )
         values.update(overrides)
         return cls(**values)
@@ -135,42 +127,10 @@ class BlockConfig:
 # --------------------------------------------------------------------------- cache
 
 
-class ContextCache:
-    """Per-layer context keys/values for one sequence: ``keys[l]``, ``values[l]`` are [nkv, n, hd].
-
-    Each layer keeps its own length (:attr:`lengths`); the drafter appends rows through
-    :meth:`BlockModel.forward_block` and never stores block rows here.
-    """
-
-    def __init__(self, n_layers: int):
-        self.keys: list[Tensor | None] = [None] * n_layers
-        self.values: list[Tensor | None] = [None] * n_layers
-
-    def length(self, layer: int) -> int:
-        k = self.keys[layer]
-        return 0 if k is None else int(k.shape[1])
-
-    @property
-    def lengths(self) -> list[int]:
-        return [self.length(i) for i in range(len(self.keys))]
-
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.keys[layer] is None:
-            self.keys[layer], self.values[layer] = k, v
-        elif k.shape[1]:
-            self.keys[layer] = torch.cat([self.keys[layer], k], dim=1)
-            self.values[layer] = torch.cat([self.values[layer], v], dim=1)
-        return self.keys[layer], self.values[layer]
+ContextCache = LayerCaches  # per-layer context keys/values (drafters.common.kv_cache), owned by the drafter
 
 
 # --------------------------------------------------------------------------- layers
-
-
-def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos, sin [..., head_dim] for integer positions [...] (HF convention: halves rotated)."""
-    freqs = positions.float()[..., None] * inv_freq.float()
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 class BlockAttention(nn.Module):
@@ -190,7 +150,7 @@ class BlockAttention(nn.Module):
         *lead, n, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(*lead, n, self.n_kv, self.head_dim)).transpose(-2, -3)
         v = self.v_proj(x).view(*lead, n, self.n_kv, self.head_dim).transpose(-2, -3)
-        return k * cos.unsqueeze(-3) + rotate_half(k) * sin.unsqueeze(-3), v
+        return apply_rope(k, cos.unsqueeze(-3), sin.unsqueeze(-3)), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
                 ctx_visible: Tensor | None, causal: bool) -> Tensor:
@@ -202,7 +162,7 @@ class BlockAttention(nn.Module):
         """
         *lead, b, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(*lead, b, self.n_heads, self.head_dim)).transpose(-2, -3)  # [..., nh, B, hd]
-        q = q * cos.unsqueeze(-3) + rotate_half(q) * sin.unsqueeze(-3)
+        q = apply_rope(q, cos.unsqueeze(-3), sin.unsqueeze(-3))
         k_blk, v_blk = self.kv(x, cos, sin)  # [..., nkv, B, hd]
         rep = self.n_heads // self.n_kv
         if rep > 1:
@@ -221,24 +181,13 @@ class BlockAttention(nn.Module):
         return self.o_proj(out.transpose(-2, -3).reshape(*lead, b, self.n_heads * self.head_dim))
 
 
-class BlockMLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class BlockLayer(nn.Module):
     def __init__(self, cfg: BlockConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = BlockAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = BlockMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
                 ctx_visible: Tensor | None, causal: bool) -> Tensor:
@@ -283,9 +232,8 @@ class BlockModel(nn.Module):
         if config.ar_approximation == "swiglu":
             inter = config.ar_intermediate_size or config.intermediate_size
             self.ar_approximation = SwiGLUApproximation(config.hidden_size, inter)
-        hd = config.dim_per_head
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # transformers' own RoPE for the target's rope_scaling; a constant buffer, not saved
+        self.rotary = Rotary(config.dim_per_head, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
 
     # ------------------------------------------------------------ pieces
     def context(self, features: Tensor) -> Tensor:
@@ -300,7 +248,7 @@ class BlockModel(nn.Module):
         return torch.cat([root_embeds.unsqueeze(-2), mask], dim=-2)
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(positions, self.inv_freq, dtype)
+        return self.rotary(positions, dtype)
 
     def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
         """Pre-norm hidden states [..., H] -> logits through the target's lm_head weight [V, H]."""
@@ -352,16 +300,30 @@ class BlockModel(nn.Module):
         return h
 
     # ------------------------------------------------------------ set-up
-    @torch.no_grad()
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> None:
-        """Seeded normal(0, std) init of every matrix; norms are ones; TreeFlash's ``d`` stays zero."""
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.startswith("ar_approximation.d.") or name.endswith(".bias"):
-                param.zero_()
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        """Seeded normal(0, std) init of every matrix; norms are ones; biases and TreeFlash's ``d`` zero."""
+        init_normal_(self, generator, std, zero=lambda name: name.startswith("ar_approximation.d."))
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """What a family's backbone is: the block mask and the optional TreeFlash correction."""
+
+    causal: bool = False  # JetSpec's causal block (row j sees block rows <= j); else bidirectional
+    ar_approximation: str | None = None  # TreeFlash's previous-token correction ("swiglu"), built at random init
+
+    def check(self, model: BlockModel, family: str) -> None:
+        """Refuse (one line) a checkpoint whose block mask is not this backbone's."""
+        if model.config.causal and not self.causal:
+            raise UserError(f"{family}: this checkpoint has a causal block (a JetSpec head); run it with --drafter jetspec")
+        if self.causal and not model.config.causal:
+            raise UserError(f"{family}: this checkpoint has a bidirectional block (a DFlash head; no "
+                            "dflash_config.causal_head); run it with --drafter dflash")
+
+
+BIDIRECTIONAL = Backbone()
+CAUSAL = Backbone(causal=True)
+BIDIRECTIONAL_WITH_CORRECTION = Backbone(ar_approximation="swiglu")
 
 
 def random_block_model(target, seed: int = 0, **overrides: Any) -> BlockModel:
@@ -372,5 +334,5 @@ def random_block_model(target, seed: int = 0, **overrides: Any) -> BlockModel:
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 
-__all__ = ["BlockConfig", "BlockModel", "ContextCache", "SwiGLUApproximation", "build_target_layer_ids",
-           "random_block_model", "rope_cos_sin"]
+__all__ = ["Backbone", "BIDIRECTIONAL", "CAUSAL", "BIDIRECTIONAL_WITH_CORRECTION", "BlockConfig", "BlockModel", "ContextCache", "SwiGLUApproximation", "build_target_layer_ids",
+           "random_block_model"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +44,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from drafters.block.checkpoint import load_block, save_block
-from drafters.block.model import BlockConfig, BlockModel
+from drafters.block.model import (
+    BIDIRECTIONAL, BIDIRECTIONAL_WITH_CORRECTION, CAUSAL, Backbone, BlockConfig, BlockModel, random_block_model,
+)
 from specbench.errors import UserError
-from specbench.train.trainer import Batch, TrainRecipe
+from drafters.common.loading import shipped_checkpoint
+from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,14 @@ class BlockRecipe(TrainRecipe):
 @dataclass(frozen=True)
 class TreeFlashRecipe(BlockRecipe):
     lr: float = 1e-3
-    # the trained DFlash backbone: "auto" = the one shipped for the target, else a checkpoint directory
+    # the trained DFlash backbone: "auto" = the one shipped for the target, "random" = a seeded random
+    # one (tests: the correction alone then learns the previous-token transitions), else a directory
     backbone: str = "auto"
     ar_intermediate_size: int = 0  # 0 = the backbone's intermediate_size (upstream)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.backbone != "auto" and not (Path(self.backbone).expanduser() / "config.json").is_file():
+        if self.backbone not in ("auto", "random") and not (Path(self.backbone).expanduser() / "config.json").is_file():
             raise ValueError(f"backbone '{self.backbone}' is not a DFlash checkpoint directory (no config.json); "
                              "train one with `specbench train --drafter dflash` or leave backbone=auto")
 
@@ -109,14 +114,25 @@ def draw_anchors(batch: Batch, n: int, seed: int) -> tuple[Tensor, Tensor]:
     return anchors, valid
 
 
-class BlockTraining:
-    """The shared trainable; the families below set the mask, the loss and what trains."""
+def hard_label_ce(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
+    """DFlash: cross-entropy on the true next tokens (per row)."""
+    return -logp.gather(1, labels[:, None])[:, 0]
+
+
+def forward_kl(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
+    """JetSpec: KL(target || drafter) to the target's own distribution (per row)."""
+    with torch.no_grad():
+        tl = target_logp()
+    return (tl.exp() * (tl - logp)).sum(-1)
+
+
+class BlockTraining(Trainable):
+    """The shared trainable; a family is its backbone, its objective and its checkpoint layout."""
 
     Recipe = BlockRecipe
-    family = "dflash"
-    layout = "dflash"
-    causal = False
-    soft_labels = False
+    backbone: Backbone = BIDIRECTIONAL
+    objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], Tensor] = staticmethod(hard_label_ce)
+    layout = "dflash"  # released checkpoint layout (checkpoint.LAYOUTS)
 
     def __init__(self, target, recipe: BlockRecipe, input_ids: list[list[int]], loss_mask: list[list[int]]):
         self.recipe = recipe
@@ -131,7 +147,7 @@ class BlockTraining:
 
     def build_module(self, target, recipe: BlockRecipe) -> BlockModel:
         cfg = BlockConfig.for_target(target, num_hidden_layers=recipe.num_layers, block_size=recipe.block_size,
-                                     causal=self.causal)
+                                     causal=self.backbone.causal)
         model = BlockModel(cfg)  # PyTorch's default init under the recipe seed
         if model.mask_embedding is not None:
             with torch.no_grad():
@@ -143,7 +159,7 @@ class BlockTraining:
         return tuple(sorted(set(self.feature_layers) | {self.final_layer}))
 
     # ------------------------------------------------------------ the loss
-    def backbone(self, batch: Batch, anchors: Tensor) -> Tensor:
+    def block_hidden(self, batch: Batch, anchors: Tensor) -> Tensor:
         """Pre-norm block hidden states [S, A, B, H]."""
         model = self.module
         layers = self.cache_layers
@@ -172,18 +188,14 @@ class BlockTraining:
         gather = lambda x: x.gather(1, pos_c.flatten(1)).view_as(pos)  # noqa: E731
         scored = anchor_ok[..., None] & inside & gather(batch.valid) & gather(batch.loss_mask)
         rows = scored.nonzero(as_tuple=True)  # (s, a, k-1)
-        hidden = self.backbone(batch, anchors)
+        hidden = self.block_hidden(batch, anchors)
         logp = torch.log_softmax(self.head(hidden, batch, rows, anchors).float(), dim=-1)  # [n, V]
         at = pos_c[rows]  # predicted position of each row
         labels = batch.tokens[rows[0], at]
         target_top = batch.argmax[rows[0], at - 1]  # the target's greedy choice after the true prefix
-        if self.soft_labels:
-            with torch.no_grad():
-                final = batch.hidden[rows[0], at - 1, self.cache_layers.index(self.final_layer)]  # [n, H]
-                target_logp = torch.log_softmax(final @ self.lm_head.T, dim=-1)
-            per_row = (target_logp.exp() * (target_logp - logp)).sum(-1)  # forward KL
-        else:
-            per_row = -logp.gather(1, labels[:, None])[:, 0]
+        final_idx = self.cache_layers.index(self.final_layer)
+        per_row = self.objective(logp, labels, lambda: torch.log_softmax(
+            batch.hidden[rows[0], at - 1, final_idx] @ self.lm_head.T, dim=-1))  # the target's own log-probs
         w = self.weights.to(device)[rows[2]]
         total = (w * per_row).sum() / w.sum().clamp(min=1e-9)
         hits = logp.argmax(-1) == target_top
@@ -206,29 +218,29 @@ class BlockTraining:
 
 
 class DFlashTraining(BlockTraining):
-    family = "dflash"
+    backbone = BIDIRECTIONAL
+    objective = staticmethod(hard_label_ce)
+    layout = "dflash"
 
 
 class JetSpecTraining(BlockTraining):
-    family = "jetspec"
+    backbone = CAUSAL
+    objective = staticmethod(forward_kl)
     layout = "jetspec"
-    causal = True
-    soft_labels = True
 
 
 class TreeFlashTraining(BlockTraining):
     """Only the correction trains; the backbone is a trained DFlash head, frozen."""
 
     Recipe = TreeFlashRecipe
-    family = "treeflash"
+    backbone = BIDIRECTIONAL_WITH_CORRECTION
+    objective = staticmethod(hard_label_ce)
     layout = "treeflash"
 
     @staticmethod
     def preflight(recipe: TreeFlashRecipe, target_name: str) -> None:
         """Before anything is written: the shipped backbone exists for this target (one-line error)."""
         if recipe.backbone == "auto":
-            from drafters.block.drafter import shipped_checkpoint
-
             try:
                 shipped_checkpoint("dflash", target_name)
             except UserError:
@@ -237,10 +249,12 @@ class TreeFlashTraining(BlockTraining):
                                 "--set backbone=DIR") from None
 
     def build_module(self, target, recipe: TreeFlashRecipe) -> BlockModel:
-        from drafters.block.drafter import shipped_checkpoint
-
-        src = shipped_checkpoint("dflash", target.name) if recipe.backbone == "auto" else Path(recipe.backbone)
-        base = load_block(src, target, "treeflash backbone")
+        if recipe.backbone == "random":
+            src, base = "random", random_block_model(target, seed=recipe.seed, num_hidden_layers=recipe.num_layers,
+                                                      block_size=recipe.block_size).float()
+        else:
+            src = shipped_checkpoint("dflash", target.name) if recipe.backbone == "auto" else Path(recipe.backbone)
+            base = load_block(src, target, "treeflash backbone")
         if base.config.causal:
             raise UserError(f"treeflash backbone '{src}' is causal (a JetSpec head); pass a DFlash checkpoint")
         if base.config.block_size != recipe.block_size:
@@ -254,9 +268,9 @@ class TreeFlashTraining(BlockTraining):
             p.requires_grad_(name.startswith("ar_approximation."))
         return model
 
-    def backbone(self, batch: Batch, anchors: Tensor) -> Tensor:
+    def block_hidden(self, batch: Batch, anchors: Tensor) -> Tensor:
         with torch.no_grad():
-            return super().backbone(batch, anchors)
+            return super().block_hidden(batch, anchors)
 
     def head(self, hidden: Tensor, batch: Batch, rows: tuple[Tensor, Tensor, Tensor], anchors: Tensor) -> Tensor:
         s_i, a_i, k_i = rows

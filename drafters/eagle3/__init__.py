@@ -8,10 +8,10 @@
 
 from drafters.eagle3.checkpoint import load_eagle3, save_eagle3
 from drafters.eagle3.drafter import Eagle3Config, Eagle3Drafter
-from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, KVCache, default_feature_layers, random_head
+from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, KVCache, default_feature_layers, new_cache, random_head
 from drafters.eagle3.tree import DynamicTreeBuilder
 
 __all__ = [
-    "Eagle3Config", "Eagle3Drafter", "Eagle3Head", "Eagle3HeadConfig", "KVCache", "DynamicTreeBuilder",
+    "Eagle3Config", "Eagle3Drafter", "Eagle3Head", "Eagle3HeadConfig", "KVCache", "new_cache", "DynamicTreeBuilder",
     "default_feature_layers", "random_head", "load_eagle3", "save_eagle3",
 ]

@@ -25,14 +25,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
-from drafters.loading import check_made_for, read_config
+from drafters.common.loading import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
+from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
-WEIGHTS_NAME = "model.safetensors"
-LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
 # keys a released checkpoint may carry that the head does not own
 IGNORED_KEYS = ("embed_tokens.weight",)
 
@@ -51,6 +50,11 @@ def save_eagle3(head: Eagle3Head, path: str | Path) -> Path:
 
 def load_eagle3(path: str | Path, target) -> Eagle3Head:
     """Load the head in ``path`` for ``target``, on the target's device and dtype."""
+    return read_eagle3(path, target)[0]
+
+
+def read_eagle3(path: str | Path, target) -> tuple[Eagle3Head, CheckpointId]:
+    """The head in ``path`` for ``target`` and the identity (path, sha256) of the weights read."""
     src = Path(path).expanduser()
     where = f"EAGLE-3 checkpoint '{src}'"
     cfg = read_config(src, where, Eagle3HeadConfig.from_config_dict)
@@ -68,10 +72,9 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
         raise UserError(f"{where} taps hidden states {list(layers)}, which target '{target.name}' ({target.num_layers} layers) does not have")
 
     # 2. the weights, d2t and t2d included
-    state = _read_weights(src, where)
+    state, identity = read_weights(src, where)
     for key in IGNORED_KEYS:
         state.pop(key, None)
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     full_vocab = cfg.draft_vocab_size == cfg.vocab_size
     missing_maps = [k for k in ("d2t", "t2d") if k not in state]
     if full_vocab:
@@ -84,16 +87,6 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
             "(specbench never regenerates it: a wrong map silently collapses acceptance)"
         )
     head = Eagle3Head(cfg)
-    expected = head.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise UserError(f"{where} lacks weights: {', '.join(missing)}")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{where} holds weights an EAGLE-3 head does not have: {', '.join(unexpected[:5])}")
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
     if full_vocab:
         # upstream (cnets.py) never reads the maps when the draft vocab is the whole vocabulary, and
         # its t2d buffer may then be left all False: the identity map is what such a head means
@@ -103,22 +96,8 @@ def load_eagle3(path: str | Path, target) -> Eagle3Head:
         _check_maps(state["d2t"], state["t2d"], where)
         state["d2t"] = state["d2t"].long()
         state["t2d"] = state["t2d"].bool()
-    head.load_state_dict(state, strict=True)
-    return head.to(device=target.device, dtype=target.dtype).eval()
-
-
-def _read_weights(src: Path, where: str) -> dict[str, torch.Tensor]:
-    if (src / WEIGHTS_NAME).exists():
-        try:
-            return dict(load_file(str(src / WEIGHTS_NAME)))
-        except Exception as exc:  # noqa: BLE001 - a corrupt file becomes one line
-            raise UserError(f"{where}: could not read {WEIGHTS_NAME} ({type(exc).__name__})") from None
-    if (src / LEGACY_WEIGHTS_NAME).exists():
-        try:
-            return dict(torch.load(src / LEGACY_WEIGHTS_NAME, map_location="cpu", weights_only=True))
-        except Exception as exc:  # noqa: BLE001
-            raise UserError(f"{where}: could not read {LEGACY_WEIGHTS_NAME} ({type(exc).__name__})") from None
-    raise UserError(f"{where} has no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+    load_checked(head, state, where, "an EAGLE-3 head")
+    return head.to(device=target.device, dtype=target.dtype).eval(), identity
 
 
 def _check_maps(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:

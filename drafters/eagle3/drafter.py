@@ -35,17 +35,17 @@ verifier's point-mass rule keeps temperature > 0 lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from drafters.eagle3.checkpoint import load_eagle3
-from drafters.eagle3.model import Eagle3Head, KVCache, default_feature_layers, random_head
+from drafters.common.loading import random_identity, shipped_checkpoint
+from drafters.eagle3.checkpoint import read_eagle3
+from drafters.eagle3.model import Eagle3Head, default_feature_layers, new_cache, random_head
+from drafters.eagle3.train import Eagle3Training
 from drafters.eagle3.tree import DynamicTreeBuilder
-from specbench.drafter import DraftContext, Sampling
-from specbench.errors import UserError
+from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree, root_only
 
 
@@ -69,42 +69,36 @@ class Eagle3Config:
 
 def shipped_head(target_name: str) -> Path:
     """The trained head that ships for ``target_name`` (package data), or a one-line UserError."""
-    folder = f"eagle3-{target_name}"
-    resource = files("drafters").joinpath("checkpoints", folder)
-    if not resource.joinpath("config.json").is_file():
-        raise UserError(
-            f"no trained EAGLE-3 head ships for target '{target_name}'; train one with `specbench train --drafter eagle3 "
-            f"--target {target_name} --out DIR` and pass --drafter-path DIR (or --set path=random for an untrained head)"
-        )
-    return Path(str(resource))
+    return shipped_checkpoint("eagle3", target_name)
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(Drafter):
     description = "EAGLE-3: one-layer head on fused target features, dynamic top-k tree (--drafter-path CKPT)"
     Config = Eagle3Config
+    test_options = (("depth=4", "top_k=3", "total_tokens=12"), ("depth=3", "top_k=1", "total_tokens=4"))
 
     def __init__(self, target, config: Eagle3Config | None = None):
         self.config = config or Eagle3Config()
         if self.config.path == "random":
             self.head: Eagle3Head = random_head(target, draft_vocab_size=self.config.draft_vocab_size, seed=self.config.seed)
+            self.checkpoint = random_identity(self.head, self.config.seed)
         else:
-            self.head = load_eagle3(shipped_head(target.name) if self.config.path == "auto" else self.config.path, target)
+            src = shipped_head(target.name) if self.config.path == "auto" else self.config.path
+            self.head, self.checkpoint = read_eagle3(src, target)
         self.feature_layers: tuple[int, ...] = tuple(
             self.head.config.feature_layers or default_feature_layers(target.num_layers)
         )
         self.embed = target.model.get_input_embeddings()  # the target's, shared (never copied or saved)
         self.reset(Sampling())
 
-    @staticmethod
-    def trainer():
-        """The trainable for `specbench train` (imported on demand)."""
-        from drafters.eagle3.train import Eagle3Training
-
+    @classmethod
+    def training(cls):
+        """The trainable for `specbench train`."""
         return Eagle3Training
 
     def reset(self, sampling: Sampling) -> None:
         self.sampling = sampling
-        self.cache = KVCache.for_head(self.head)
+        self.cache = new_cache(self.head)
         self.n_committed = 0  # head cache slots holding committed rows (slot j = token j+1)
 
     @torch.inference_mode()
@@ -113,22 +107,18 @@ class Eagle3Drafter:
         head = self.head
         device = ctx.tokens.device
         root = int(ctx.tokens[-1])
-        m = ctx.tokens.numel()
-
         # 1. drop last round's tree rows
         self.cache.crop(self.n_committed)
 
         # 2. forward 1: the newly committed tokens with their target features (root row last)
-        first = ctx.pos - m + 1  # absolute position of ctx.tokens[0]
-        skip = 1 if first == 0 else 0  # token 0 of the sequence has no predecessor: no row
-        if skip == m:
+        rows = ctx.new_rows()  # the first token of a sequence has no predecessor: no row
+        if rows.count == 0:
             return root_only(root, device=device)  # a one-token prompt: nothing to condition on yet
-        if first + skip - 1 != self.n_committed:
-            raise RuntimeError(f"EAGLE-3 head cache holds {self.n_committed} rows but the context starts at row {first + skip - 1}")
-        tokens = ctx.tokens[skip:]
-        positions = torch.arange(first + skip - 1, ctx.pos, device=device)  # a row sits at its feature's position
-        hidden = head.fuse(ctx.features[skip:].to(head.fc.weight.dtype))
-        out = head(self.embed(tokens), hidden, positions, self.cache)
+        positions = rows.positions - 1  # a row sits at its feature's position
+        if int(positions[0]) != self.n_committed:
+            raise RuntimeError(f"EAGLE-3 head cache holds {self.n_committed} rows but the context starts at row {int(positions[0])}")
+        hidden = head.fuse(rows.features.to(head.fc.weight.dtype))
+        out = head(self.embed(rows.tokens), hidden, positions, self.cache)
         self.n_committed = self.cache.length
         root_hidden = out[-1:]  # [1, H]
 

@@ -42,7 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from drafters.nn import RMSNorm, rotate_half
+from drafters.common.kv_cache import KVCache
+from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_, rotate_half
+from drafters.common.rope import Rotary
+from drafters.common.shape import rope_from_config_dict, target_shape
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -94,22 +97,8 @@ class Eagle3HeadConfig:
     @classmethod
     def for_target(cls, target, draft_vocab_size: int = 0, **overrides: Any) -> "Eagle3HeadConfig":
         """A head shaped like one layer of ``target`` (a :class:`~specbench.targets.Target`)."""
-        tc = target.model.config
-        rope = dict(getattr(tc, "rope_parameters", None) or {})
-        theta = rope.pop("rope_theta", None) or getattr(tc, "rope_theta", None) or 10000.0
-        scaling = rope if rope.get("rope_type", "default") != "default" else None
         values: dict[str, Any] = dict(
-            hidden_size=target.hidden_size,
-            intermediate_size=int(getattr(tc, "intermediate_size", 4 * target.hidden_size)),
-            num_attention_heads=int(tc.num_attention_heads),
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads),
-            vocab_size=target.vocab_size,
-            draft_vocab_size=draft_vocab_size or target.vocab_size,
-            head_dim=getattr(tc, "head_dim", None),
-            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            rope_scaling=scaling,
-            max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
+            target_shape(target), draft_vocab_size=draft_vocab_size or target.vocab_size,
             target_num_layers=target.num_layers,
         )
         values.update(overrides)
@@ -160,15 +149,7 @@ class Eagle3HeadConfig:
         for key in required:
             if key not in d:
                 raise KeyError(key)
-        rope_scaling = d.get("rope_scaling")
-        rope_params = d.get("rope_parameters")  # transformers >= 5 writes this instead
-        theta = d.get("rope_theta")
-        if isinstance(rope_params, dict):
-            theta = theta or rope_params.get("rope_theta")
-            if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-                rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
+        theta, rope_scaling = rope_from_config_dict(d)
         feature_layers = None
         eagle_cfg = d.get("eagle_config") or {}
         if eagle_cfg.get("eagle_aux_hidden_state_layer_ids"):
@@ -190,7 +171,7 @@ class Eagle3HeadConfig:
             draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),
             head_dim=d.get("head_dim"),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta or 10000.0),
+            rope_theta=theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings") or 4096),
             target_hidden_size=d.get("target_hidden_size"),
@@ -215,40 +196,10 @@ def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- KV cache
 
 
-class KVCache:
-    """The head's K/V for one sequence (batch 1): ``k``, ``v`` are [n_kv_heads, capacity, head_dim].
-
-    Slots ``[0, length)`` are valid. The owner appends rows with :meth:`append` (through
-    :meth:`Eagle3Head.forward`) and rolls back with :meth:`crop`.
-    """
-
-    def __init__(self, n_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str, capacity: int = 256):
-        self.k = torch.empty(n_kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        self.length = 0
-
-    @classmethod
-    def for_head(cls, head: "Eagle3Head", capacity: int = 256) -> "KVCache":
-        w = head.midlayer.self_attn.k_proj.weight
-        return cls(head.config.num_key_value_heads, head.config.dim_per_head, w.dtype, w.device, capacity)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v ([n_kv_heads, n, head_dim]); return all valid keys and values."""
-        n = k.shape[1]
-        need = self.length + n
-        if need > self.k.shape[1]:
-            cap = max(need, 2 * self.k.shape[1])
-            grow = lambda t: torch.cat([t[:, : self.length], t.new_empty(t.shape[0], cap - self.length, t.shape[2])], dim=1)  # noqa: E731
-            self.k, self.v = grow(self.k), grow(self.v)
-        self.k[:, self.length : need] = k
-        self.v[:, self.length : need] = v
-        self.length = need
-        return self.k[:, :need], self.v[:, :need]
-
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of {self.length} slots to {length}")
-        self.length = length
+def new_cache(head: "Eagle3Head", capacity: int = 256) -> KVCache:
+    """An empty K/V cache for ``head``'s one attention layer (the drafter owns it)."""
+    w = head.midlayer.self_attn.k_proj.weight
+    return KVCache(head.config.num_key_value_heads, head.config.dim_per_head, w.dtype, w.device, capacity)
 
 
 # --------------------------------------------------------------------------- layers
@@ -272,8 +223,7 @@ class Eagle3Attention(nn.Module):
         q = self.q_proj(x).view(n, self.n_heads, self.head_dim).transpose(0, 1)  # [nh, n, hd]
         k = self.k_proj(x).view(n, self.n_kv, self.head_dim).transpose(0, 1)  # [nkv, n, hd]
         v = self.v_proj(x).view(n, self.n_kv, self.head_dim).transpose(0, 1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
@@ -289,20 +239,6 @@ def causal_mask(n: int, past: int, device: torch.device | str) -> Tensor:
     return torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
-class Eagle3MLP(nn.Module):
-    def __init__(self, cfg: Eagle3HeadConfig):
-        super().__init__()
-        from transformers.activations import ACT2FN
-
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = ACT2FN[cfg.hidden_act]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Eagle3Layer(nn.Module):
     """The one decoder layer (upstream name ``midlayer``)."""
 
@@ -313,7 +249,7 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Eagle3Attention(cfg)
-        self.mlp = Eagle3MLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, mask: Tensor | None) -> Tensor:
         normed = self.hidden_norm(hidden)
@@ -341,8 +277,8 @@ class Eagle3Head(nn.Module):
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[: config.draft_vocab_size] = True
         self.register_buffer("t2d", t2d)
-        inv_freq, self.rope_scale = rope_frequencies(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # a constant, not saved
+        # transformers' own RoPE for the target's rope_scaling; a constant buffer, not saved
+        self.rotary = Rotary(config.dim_per_head, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
 
     # ------------------------------------------------------------ pieces
     def fuse(self, features: Tensor) -> Tensor:
@@ -351,9 +287,7 @@ class Eagle3Head(nn.Module):
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin [n, head_dim] for RoPE positions [n] (HF Llama convention, halves rotated)."""
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+        return self.rotary(positions, dtype)
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache | None = None,
                 mask: Tensor | None = None) -> Tensor:
@@ -385,39 +319,9 @@ class Eagle3Head(nn.Module):
         self.t2d.zero_()
         self.t2d[target_ids] = True
 
-    @torch.no_grad()
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> None:
         """Seeded normal(0, std) init of every matrix (norm weights stay ones)."""
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
-
-
-def rope_frequencies(cfg: Eagle3HeadConfig) -> tuple[Tensor, float]:
-    """RoPE inverse frequencies [head_dim // 2] and the attention scaling for ``cfg``.
-
-    Plain RoPE is computed here; scaled variants (llama3, yarn, ...) use transformers' own
-    ``ROPE_INIT_FUNCTIONS`` on an equivalent LlamaConfig, so they match the target's exactly.
-    """
-    dim = cfg.dim_per_head
-    if not cfg.rope_scaling:
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        return inv, 1.0
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    scaling = dict(cfg.rope_scaling)
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    scaling["rope_type"] = rope_type
-    max_pos = max(cfg.max_position_embeddings, int(scaling.get("original_max_position_embeddings", 0)) + 1)
-    lc = LlamaConfig(
-        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=dim,
-        max_position_embeddings=max_pos, rope_parameters=dict(scaling, rope_theta=cfg.rope_theta),
-    )
-    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](lc, None)
-    return inv.float(), float(scale if scale is not None else 1.0)
+        init_normal_(self, generator, std)
 
 
 def random_head(target, draft_vocab_size: int = 0, seed: int = 0, std: float | None = None) -> Eagle3Head:
@@ -437,5 +341,5 @@ def random_head(target, draft_vocab_size: int = 0, seed: int = 0, std: float | N
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-__all__ = ["Eagle3HeadConfig", "Eagle3Head", "KVCache", "causal_mask", "default_feature_layers", "random_head",
-           "rope_frequencies", "ARCHITECTURE"]
+__all__ = ["Eagle3HeadConfig", "Eagle3Head", "KVCache", "new_cache", "causal_mask", "default_feature_layers", "random_head",
+           "ARCHITECTURE"]

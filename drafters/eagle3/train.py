@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from drafters.eagle3.checkpoint import save_eagle3
-from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, KVCache, default_feature_layers, rotate_half
-from specbench.train.trainer import Batch, TrainRecipe
+from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers, new_cache, rotate_half
+from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def reference_unroll(head: Eagle3Head, embed: Tensor, tokens: Tensor, features: 
     r = t - 1
     outs = [torch.zeros(r, head.config.hidden_size) for _ in range(steps)]
     for j in range(r):
-        cache = KVCache.for_head(head)
+        cache = new_cache(head)
         rows = torch.arange(j + 1)
         h = head(embed[tokens[1 : j + 2]], head.fuse(features[: j + 1]), rows, cache)  # causal
         h = h[-1:]
@@ -157,7 +157,7 @@ def reference_unroll(head: Eagle3Head, embed: Tensor, tokens: Tensor, features: 
     return outs
 
 
-class Eagle3Training:
+class Eagle3Training(Trainable):
     """The EAGLE-3 trainable for :func:`specbench.train.trainer.train`."""
 
     Recipe = Eagle3Recipe

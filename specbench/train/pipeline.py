@@ -59,11 +59,10 @@ class Progress:
 
 
 def trainer_of(name: str):
-    cls = drafter_class(name)
-    get = getattr(cls, "trainer", None)
-    if get is None:
+    training = drafter_class(name).training()
+    if training is None:
         raise UserError(f"drafter '{name}' has no training recipe; `specbench train` works for learned drafters")
-    return get()
+    return training
 
 
 def validate(job: TrainJob) -> tuple[type, Any]:
@@ -75,9 +74,7 @@ def validate(job: TrainJob) -> tuple[type, Any]:
     unknown = [d for d in job.data if d not in TRAIN_SETS]
     if unknown or not job.data:
         raise UserError(f"unknown training set {', '.join(map(repr, unknown)) or '(none)'}; choose from: {', '.join(TRAIN_SETS)}")
-    preflight = getattr(training, "preflight", None)
-    if preflight is not None:  # a family's own checks that need no model (e.g. a required checkpoint)
-        preflight(recipe, job.target)
+    training.preflight(recipe, job.target)  # a family's own checks that need no model (e.g. a required checkpoint)
     if job.out.exists() and not job.out.is_dir():
         raise UserError(f"--out '{job.out}' is a file; pass a directory for the checkpoint")
     previous = job.out / JOB_FILE
@@ -106,7 +103,7 @@ def _job_dict(job: TrainJob, recipe: Any) -> dict:
 
 
 def _regen_flag(job: TrainJob, recipe: Any) -> bool:
-    return bool(getattr(recipe, "regenerate", False)) if job.regenerate is None else job.regenerate
+    return bool(recipe.regenerate) if job.regenerate is None else job.regenerate
 
 
 def _digest_ids(ids: list[list[int]], masks: list[list[int]]) -> str:

@@ -16,6 +16,7 @@ and trials), summed over batches before dividing, so held-out numbers do not dep
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import random
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -74,15 +75,38 @@ class Batch:
         return int(self.valid.sum())
 
 
-class Trainable(Protocol):
-    """What a drafter family hands the trainer."""
+class Trainable(abc.ABC):
+    """What a drafter family hands the trainer and the pipeline (``DrafterClass.training()``).
 
+    The pipeline builds it as ``Trainable(target, recipe, input_ids, loss_mask)`` (the training
+    token ids and loss masks, e.g. to choose a draft vocabulary), caches the target's hidden states
+    at :attr:`cache_layers`, trains :attr:`module` with :meth:`loss`, and writes the checkpoint with
+    :meth:`save`. :meth:`preflight` runs before anything is loaded or written.
+    """
+
+    Recipe: ClassVar[type[TrainRecipe]] = TrainRecipe
     recipe: TrainRecipe
     module: nn.Module  # the parameters that train (and whose state_dict is checkpointed)
 
+    @abc.abstractmethod
+    def __init__(self, target, recipe: TrainRecipe, input_ids: list[list[int]], loss_mask: list[list[int]]) -> None: ...
+
+    @staticmethod
+    def preflight(recipe: TrainRecipe, target_name: str) -> None:
+        """Checks that need no model (e.g. a required checkpoint exists); raise UserError. Default: none."""
+
+    @property
+    @abc.abstractmethod
+    def cache_layers(self) -> tuple[int, ...]:
+        """HF hidden_states indices the feature cache must hold for :meth:`loss`."""
+
+    @abc.abstractmethod
     def loss(self, batch: Batch) -> tuple[Tensor, dict[str, tuple[float, float]]]:
         """The scalar training loss and metrics as (numerator, denominator) pairs."""
-        ...
+
+    @abc.abstractmethod
+    def save(self, out: Path, dtype: torch.dtype = torch.float16) -> Path:
+        """Write the checkpoint in the family's released layout into ``out``; returns ``out``."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,13 @@
+"""The parts every learned drafter family shares (one copy each, no family keeps its own).
+
+* :mod:`~drafters.common.nn`: RMSNorm, rotate_half, the gated (SwiGLU) MLP, seeded random init;
+* :mod:`~drafters.common.rope`: RoPE built by transformers' own initialisation, so every
+  ``rope_scaling`` type the target uses (llama3, yarn, linear, ...) is honoured;
+* :mod:`~drafters.common.kv_cache`: one draft KV cache with append, crop and roll-back;
+* :mod:`~drafters.common.shape`: a drafter layer shaped like the target's (``target_shape``);
+* :mod:`~drafters.common.loading`: config.json reading, the target check, the checked state-dict
+  loader, and the lookup of checkpoints that ship for a target.
+
+The newly committed rows a drafter conditions on (tokens, features, positions) come from
+:meth:`specbench.drafter.DraftContext.new_rows`.
+"""

@@ -1,0 +1,117 @@
+"""Loading a learned drafter's checkpoint: config.json, the target check, the weights, shipped lookup.
+
+Each family parses its own config (``parse``) and checks its own extras; the one-line
+:class:`~specbench.errors.UserError` messages for the shared cases live here once:
+
+* :func:`read_config`: a missing directory or config.json, broken JSON, a missing key;
+* :func:`check_made_for`: a checkpoint made for another target (vocabulary, feature width);
+* :func:`read_weights`: ``model.safetensors`` (or upstream's ``pytorch_model.bin``, read with
+  ``weights_only``), returned with the :class:`~specbench.drafter.CheckpointId` of the bytes read;
+* :func:`load_checked`: missing, stray and mis-shaped weights are refused before loading;
+* :func:`shipped_checkpoint`: the checkpoint that ships for a target (package data).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from specbench.drafter import CheckpointId
+from specbench.errors import UserError
+
+C = TypeVar("C")
+WEIGHTS_NAME = "model.safetensors"
+LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
+
+
+def read_config(src: Path, where: str, parse: Callable[[dict], C]) -> C:
+    """``parse(config.json)`` of directory ``src``; missing, broken or invalid configs are one line."""
+    if not src.is_dir():
+        raise UserError(f"{where} is not a directory; pass the folder holding config.json and model.safetensors")
+    if not (src / "config.json").exists():
+        raise UserError(f"{where} has no config.json")
+    try:
+        return parse(json.loads((src / "config.json").read_text()))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: config.json is not valid JSON ({exc})") from None
+    except KeyError as exc:
+        raise UserError(f"{where}: config.json lacks '{exc.args[0]}'") from None
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{where}: invalid config.json ({exc})") from None
+
+
+def check_made_for(cfg: Any, target, where: str) -> None:
+    """The checkpoint's vocabulary and feature width must be the target's."""
+    made_for = f"{where} was made for a different target:"
+    if cfg.vocab_size != target.vocab_size:
+        raise UserError(f"{made_for} vocab_size {cfg.vocab_size}, but target '{target.name}' has {target.vocab_size}")
+    if cfg.feature_size != target.hidden_size:
+        raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
+
+
+def read_weights(src: Path, where: str) -> tuple[dict[str, torch.Tensor], CheckpointId]:
+    """The state dict in ``src`` and the identity (path, sha256) of the file it came from."""
+    from safetensors.torch import load_file
+
+    if (src / WEIGHTS_NAME).exists():
+        path = src / WEIGHTS_NAME
+        try:
+            state = dict(load_file(str(path)))
+        except Exception as exc:  # noqa: BLE001 - a corrupt file becomes one line
+            raise UserError(f"{where}: could not read {WEIGHTS_NAME} ({type(exc).__name__})") from None
+    elif (src / LEGACY_WEIGHTS_NAME).exists():
+        path = src / LEGACY_WEIGHTS_NAME
+        try:
+            state = dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"{where}: could not read {LEGACY_WEIGHTS_NAME} ({type(exc).__name__})") from None
+    else:
+        raise UserError(f"{where} has no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+    return state, CheckpointId.of_files(src, [path])
+
+
+def load_checked(module: nn.Module, state: dict[str, torch.Tensor], where: str, kind: str,
+                 ignore: Iterable[str] = ()) -> None:
+    """``module.load_state_dict(state, strict=True)`` after one-line checks of the key set and shapes.
+
+    ``ignore`` lists keys a released checkpoint may carry that the module does not own (dropped).
+    """
+    state = {k: v for k, v in state.items() if k not in set(ignore) and not k.endswith("rotary_emb.inv_freq")}
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise UserError(f"{where} lacks weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise UserError(f"{where} holds weights {kind} does not have: {', '.join(unexpected[:5])}")
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise UserError(f"{where}: '{key}' has shape {list(state[key].shape)}, config.json implies {list(tensor.shape)}")
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+
+
+def random_identity(module: nn.Module, seed: int) -> CheckpointId:
+    """The identity of seeded random-init weights (path ``random:seed=S`` and a digest of the tensors)."""
+    return CheckpointId.of_tensors(f"random:seed={seed}", module.state_dict())
+
+
+def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> Path:
+    """``drafters/checkpoints/<family>-<target>`` (package data), or a one-line UserError saying how to get one."""
+    resource = files("drafters").joinpath("checkpoints", f"{family}-{target_name}")
+    if not resource.joinpath("config.json").is_file():
+        raise UserError(
+            f"no trained {family} drafter ships for target '{target_name}'; train one with `specbench train --drafter "
+            f"{family} --target {target_name}{train_hint} --out DIR` and pass --drafter-path DIR (or --set path=random "
+            "for an untrained one)"
+        )
+    return Path(str(resource))
+
+
+__all__ = ["read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
+           "WEIGHTS_NAME", "LEGACY_WEIGHTS_NAME"]
