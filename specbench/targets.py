@@ -30,6 +30,7 @@ from specbench.tree import DraftTree, ancestor_mask, depths, is_chain
 TINY_TARGETS = {
     "tiny-llama": "random-init 4-layer Llama (H 64, vocab 384), seeded; built in code, for tests",
     "tiny-qwen3": "random-init 4-layer Qwen3 (H 64, vocab 384, q/k norm), seeded; built in code, for tests",
+    "tiny-llama3": "random-init 4-layer Llama with Llama-3 RoPE scaling (rope_type llama3), seeded; built in code, for tests",
 }
 DEFAULT_TARGET = "smollm2-135m"
 
@@ -325,6 +326,11 @@ def build_tiny(name: str, seed: int = 0):
         torch.manual_seed(seed)
         if name == "tiny-llama":
             model = LlamaForCausalLM(LlamaConfig(**common))
+        elif name == "tiny-llama3":
+            # Llama-3.1's scaling with a short original context, so it changes the RoPE at test lengths
+            rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+            model = LlamaForCausalLM(LlamaConfig(rope_parameters=rope, **common))
         elif name == "tiny-qwen3":
             model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
         else:
