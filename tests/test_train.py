@@ -20,6 +20,7 @@ from drafters.eagle3.train import Eagle3Recipe, Eagle3Training, draft_vocabulary
 from specbench.cli import app
 from specbench.decode import generate
 from specbench.drafter import Sampling
+from specbench.errors import UserError
 from specbench.targets import load_target
 from specbench.tasks import load_task, render_chat
 from specbench.train.features import FeatureCache, build_feature_cache
@@ -159,6 +160,59 @@ def test_feature_cache_matches_target_and_resumes(targets, tmp_path):
     assert again.path == cache.path
     other = build_feature_cache(target, ids, (1,), tmp_path, target_digest=digest, data_fingerprint="d")
     assert other.path != cache.path and FeatureCache.open(other.path).layers == (1,)
+
+
+def reference_states(target, seq: list[int], layers) -> torch.Tensor:
+    with torch.no_grad():
+        out = target.model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+    return torch.stack([out.hidden_states[i][0] for i in layers], dim=1)  # [T, n_layers, H] float32
+
+
+def test_feature_cache_guards_the_fp16_range(tmp_path):
+    """Tapped states beyond float16's range (synthetic outliers in a tiny target) are cached in
+    bfloat16, never as inf: from the first batch (a scaled MLP) or part-way (one token's scaled
+    embedding row, met in the last batch: the rows written in float16 are converted). A target whose
+    states are not finite, and a cache holding a non-finite value, are refused in one line."""
+    ids = [[5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15, 16], [17, 18, 19, 20, 21, 99]]  # 99 only in the longest
+    layers = (0, 2, 3)
+    scaled_mlp = load_target("tiny-llama", device="cpu", dtype="float32")
+    scaled_row = load_target("tiny-llama", device="cpu", dtype="float32")
+    with torch.no_grad():
+        scaled_mlp.model.model.layers[1].mlp.down_proj.weight.mul_(1e6)
+        scaled_row.model.get_input_embeddings().weight[99].mul_(1e7)
+    for name, target in (("mlp", scaled_mlp), ("row", scaled_row)):
+        want = [reference_states(target, seq, layers) for seq in ids]
+        assert torch.isinf(torch.cat(want).half()).any() and torch.isfinite(torch.cat(want)).all()  # fp16 would overflow
+        if name == "row":
+            assert all(torch.isfinite(w.half()).all() for w in want[:-1])  # only the last batch overflows
+        cache = build_feature_cache(target, ids, layers, tmp_path / name, target_digest=name, data_fingerprint="d",
+                                    batch_tokens=8)
+        assert cache.dtype == "bfloat16" and cache.hidden.dtype == np.uint16
+        assert json.loads((cache.path / "meta.json").read_text())["dtype"] == "bfloat16"
+        for s, w in enumerate(want):
+            got = torch.from_numpy(cache.states(cache.rows(s)))
+            torch.testing.assert_close(got, w, rtol=8e-3, atol=1e-4)  # bfloat16's precision, no inf
+        training = Eagle3Training(target, Eagle3Recipe(**TINY_RECIPE), ids, [[1] * len(x) for x in ids])
+        batch = collate(TokenizedSet(ids, [[1] * len(x) for x in ids], cache), [3])
+        assert torch.isfinite(batch.hidden).all() and batch.hidden.abs().max() > 65504 and training.cache_layers
+
+    # states in range stay float16
+    plain = load_target("tiny-llama", device="cpu", dtype="float32")
+    assert build_feature_cache(plain, ids, layers, tmp_path / "plain", target_digest="p", data_fingerprint="d").dtype == "float16"
+    # a target that is not finite: one line
+    with torch.no_grad():
+        plain.model.get_input_embeddings().weight[13].fill_(float("nan"))
+    with pytest.raises(UserError, match="non-finite hidden states") as info:
+        build_feature_cache(plain, ids, layers, tmp_path / "nan", target_digest="n", data_fingerprint="d")
+    assert "\n" not in str(info.value)
+    # a float16 cache holding inf (written before the guard) is refused when read
+    old = FeatureCache.open(next((tmp_path / "plain").iterdir()))
+    raw = np.load(old.path / "hidden.npy", mmap_mode="r+")
+    raw[0, 0, 0] = np.inf
+    raw.flush()
+    del raw
+    with pytest.raises(UserError, match="non-finite states"):
+        FeatureCache.open(old.path).states(slice(0, 2))
 
 
 # --------------------------------------------------------------------------- trainer

@@ -178,7 +178,7 @@ def collate(data: TokenizedSet, seqs: Sequence[int], device: torch.device | str 
         loss_mask[row, :n] = torch.as_tensor(data.loss_mask[s], dtype=torch.bool)
         valid[row, :n] = True
         rows = cache.rows(s)
-        hidden[row, :n] = torch.from_numpy(np.asarray(cache.hidden[rows], dtype=np.float32))
+        hidden[row, :n] = torch.from_numpy(cache.states(rows))  # float16 or bfloat16 storage, as float32
         argmax[row, :n] = torch.from_numpy(np.asarray(cache.argmax[rows], dtype=np.int64))
     to = lambda t: t.to(device)  # noqa: E731
     return Batch(to(tokens), to(loss_mask), to(valid), to(hidden), to(argmax))
