@@ -258,10 +258,13 @@ def train(
     pipeline.validate(job)
     import datasets
 
+    from specbench import distributed
+
+    world = distributed.from_env()  # under torchrun: data-parallel training, rank 0 displays and writes
     datasets.disable_progress_bars()  # the rich display below shows every stage
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=world is not None and world.rank != 0,
     ) as bar:
         tasks: dict[str, int] = {}
 
@@ -282,6 +285,8 @@ def train(
         command = "specbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         summary = pipeline.run_training(job, lambda j: load_target(j.target, j.device, "float32"), progress,
                                         command=command)
+    if world is not None and world.rank != 0:
+        return
 
     held = summary["heldout"]
     table = Table(title=f"{drafter} for {target}: held-out metrics after {summary['steps']} steps")

@@ -8,11 +8,20 @@ Every learned drafter goes through :func:`run_training` with the same data, spli
 * ``training.json``: the job, the recipe, data and cost figures, final held-out metrics, hardware;
 * ``train_log.jsonl``: one line per optimizer step (and held-out metrics on evaluation steps);
 * ``trainer_state.pt``: what a rerun of the same command resumes from.
+
+Data-parallel: ``torchrun --nproc-per-node N -m specbench train ...`` runs the same job on N
+processes (gloo on CPU, NCCL on CUDA, one GPU per process: ``cuda:LOCAL_RANK``). Rank 0 regenerates
+answers and builds the feature caches first while the others wait, then they reuse those caches
+(one node, or a filesystem the ranks share); the trainer splits every global batch into
+``recipe.shards`` shards (0, the default under torchrun, = one per process) and sums the gradients
+(see :mod:`specbench.train.trainer`), so the steps are those of one process with the same
+``shards``. Rank 0 alone writes the checkpoint, ``training.json`` and the card.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import hashlib
 import json
 import platform
@@ -66,9 +75,22 @@ def trainer_of(name: str):
 
 
 def validate(job: TrainJob) -> tuple[type, Any]:
-    """User errors before anything loads: returns (trainable class, recipe)."""
+    """User errors before anything loads: returns (trainable class, recipe), the recipe's ``shards``
+    resolved (0 = one per process: the torchrun world size, 1 alone)."""
+    from specbench.distributed import from_env
+
     training = trainer_of(job.drafter)
     recipe = parse_config(training.Recipe, list(job.options))
+    world = from_env()
+    n_procs = 1 if world is None else world.size
+    if getattr(recipe, "shards", 1) == 0:
+        recipe = dataclasses.replace(recipe, shards=n_procs)
+    if recipe.shards % n_procs:
+        raise UserError(f"--set shards={recipe.shards} cannot be spread over {n_procs} processes; "
+                        f"use a multiple of {n_procs} (or 0: one shard per process)")
+    if world is not None and job.device.startswith("cuda:"):
+        raise UserError(f"--device {job.device} under torchrun puts every process on one GPU; "
+                        "use --device auto or cuda (each process takes cuda:LOCAL_RANK)")
     if job.budget_tokens <= 0 or job.heldout_tokens <= 0:
         raise UserError("--budget-tokens and --heldout-tokens must be positive")
     unknown = [d for d in job.data if d not in TRAIN_SETS]
@@ -92,12 +114,14 @@ def validate(job: TrainJob) -> tuple[type, Any]:
 
 
 def _job_dict(job: TrainJob, recipe: Any) -> dict:
+    from specbench.train.trainer import recipe_key
+
     d = dataclasses.asdict(job)
     d.pop("out")
     d.pop("device")
     d["data"] = list(job.data)
     d["options"] = list(job.options)
-    d["recipe"] = dataclasses.asdict(recipe)
+    d["recipe"] = recipe_key(recipe)
     d["regenerate"] = _regen_flag(job, recipe)
     return d
 
@@ -128,8 +152,50 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
                  command: str = "") -> dict:
     """Run ``job``; returns the summary also written to ``training.json`` (and ``TRAINING.md``).
 
-    ``command`` is the command line to record (the CLI passes its own).
+    ``command`` is the command line to record (the CLI passes its own). Under torchrun every rank
+    calls this; rank 0 alone reports ``progress`` and writes files.
     """
+    from specbench.distributed import from_env
+
+    training, recipe = validate(job)
+    world = from_env()
+    if world is None:
+        return _run(job, training, recipe, load_target, progress, stop_after, command, None)
+    import torch.distributed as dist
+
+    device = _rank_device(job.device, world)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=_dt.timedelta(hours=48))
+    try:
+        return _run(dataclasses.replace(job, device=device), training, recipe, load_target,
+                    progress if world.rank == 0 else None, stop_after, command, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_device(device: str, world) -> str:
+    """This rank's device: ``auto`` and ``cuda`` take ``cuda:LOCAL_RANK`` when there are GPUs."""
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{world.local_rank % torch.cuda.device_count()}"
+    return "cpu" if device == "auto" else device
+
+
+def _rank0_first(world, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on rank 0 while the others wait, then on the others (which find rank 0's caches)."""
+    if world is None:
+        return fn()
+    import torch.distributed as dist
+
+    if world.rank == 0:
+        out = fn()
+        dist.barrier()
+        return out
+    dist.barrier()
+    return fn()
+
+
+def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, command, world) -> dict:
     from specbench.fetch import cache_root
     from specbench.results import env_fingerprint
     from specbench.train.data import load_conversations, split_holdout
@@ -137,14 +203,14 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     from specbench.train.regenerate import RegenConfig, regenerate, target_digest
     from specbench.train.trainer import TokenizedSet, train
 
-    training, recipe = validate(job)
+    lead = world is None or world.rank == 0
     report = progress or (lambda p: None)
     previous_seconds = 0.0
     if (job.out / JOB_FILE).exists():  # a resumed run: wall time adds up over the calls
         previous_seconds = float(json.loads((job.out / JOB_FILE).read_text()).get("seconds", {}).get("all_calls", 0.0))
     wall_start = time.perf_counter()
     job.out.mkdir(parents=True, exist_ok=True)
-    if not (job.out / JOB_FILE).exists():  # the settings first, so a rerun with others is refused
+    if lead and not (job.out / JOB_FILE).exists():  # the settings first, so a rerun with others is refused
         (job.out / JOB_FILE).write_text(json.dumps({"job": _job_dict(job, recipe), "finished": False}, indent=2) + "\n")
     target = load_target(job)
     torch.manual_seed(recipe.seed)
@@ -154,10 +220,12 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     regen_stats = {}
     if regen:
         cfg = RegenConfig(max_new_tokens=job.max_new_tokens, seed=job.data_seed)
-        train_ds, st = regenerate(split.train, target, cache_root() / "regen", job.budget_tokens, recipe.max_length, cfg,
-                                  lambda d, t: report(Progress("regenerate", d, t)))
-        held_ds, sth = regenerate(split.heldout, target, cache_root() / "regen", job.heldout_tokens, recipe.max_length, cfg,
-                                  lambda d, t: report(Progress("regenerate held-out", d, t)))
+        train_ds, st = _rank0_first(world, lambda: regenerate(
+            split.train, target, cache_root() / "regen", job.budget_tokens, recipe.max_length, cfg,
+            lambda d, t: report(Progress("regenerate", d, t))))
+        held_ds, sth = _rank0_first(world, lambda: regenerate(
+            split.heldout, target, cache_root() / "regen", job.heldout_tokens, recipe.max_length, cfg,
+            lambda d, t: report(Progress("regenerate held-out", d, t))))
         regen_stats = {"train": dataclasses.asdict(st), "heldout": dataclasses.asdict(sth)}
         if st.loss_tokens < job.budget_tokens:
             raise UserError(f"the training sets hold only {st.loss_tokens:,} regenerated loss tokens, less than "
@@ -174,10 +242,10 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     feature_start = time.perf_counter()
     caches = {}
     for name, ids, masks in (("train", train_ids, train_mask), ("heldout", held_ids, held_mask)):
-        caches[name] = build_feature_cache(
+        caches[name] = _rank0_first(world, lambda name=name, ids=ids, masks=masks: build_feature_cache(
             target, ids, trainable.cache_layers, cache_root() / "features", target_digest=digest,
             data_fingerprint=_digest_ids(ids, masks), batch_tokens=2048,
-            progress=lambda d, t, n=name: report(Progress(f"features ({n})", d, t)))
+            progress=lambda d, t, n=name: report(Progress(f"features ({n})", d, t))))
     feature_seconds = time.perf_counter() - feature_start
     train_set = TokenizedSet(train_ids, train_mask, caches["train"])
     held_set = TokenizedSet(held_ids, held_mask, caches["heldout"])
@@ -186,9 +254,9 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     data_key = _digest_ids(train_ids, train_mask) + _digest_ids(held_ids, held_mask)
     result = train(trainable, train_set, held_set, job.out, data_key, device,
                    on_step=lambda r: report(Progress("train", r.step, r.total_steps, {"report": r})),
-                   stop_after=stop_after)
+                   stop_after=stop_after, world=world)
     done = result.steps >= result.total_steps
-    if done:
+    if done and lead:
         trainable.save(job.out)
     summary = {
         "job": _job_dict(job, recipe),
@@ -211,8 +279,10 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
         "heldout": result.heldout,
         "feature_cache": {k: str(v.path) for k, v in caches.items()},
         "hardware": {**env_fingerprint(str(device), str(target.dtype).removeprefix("torch.")),
-                     "machine": platform.machine()},
+                     "machine": platform.machine(), "processes": 1 if world is None else world.size},
     }
+    if not lead:
+        return summary
     job.out.mkdir(parents=True, exist_ok=True)
     tmp = job.out / (JOB_FILE + ".tmp")
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -12,11 +12,22 @@ data, so a resumed run sees exactly the batches an uninterrupted one would have 
 
 Metrics are ``{name: (numerator, denominator)}`` pairs (a masked loss sum and its token count, hits
 and trials), summed over batches before dividing, so held-out numbers do not depend on batching.
+
+Shards and data parallelism. Each step's global batch (the ``batch_tokens`` plan above, the same
+whatever the number of processes) is split by sequence into ``recipe.shards`` shards; the step's
+gradient is the sum over shards of ``w_k * grad(loss(shard k))``, ``w_k`` the shard's share of the
+batch's loss tokens. ``shards=1`` (the default on one process) is the plain whole-batch loss. Under ``torchrun`` (a
+:class:`~specbench.distributed.World`) rank r computes shards r, r+N, ... and the gradients are
+summed over the ranks (``all_reduce``), so N processes take exactly the steps one process takes with
+the same ``shards`` (gradient accumulation), up to float summation order. Held-out batches are
+spread over the ranks the same way and their metric sums added. Rank 0 alone writes the state, the
+log and reports steps.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import math
 import random
@@ -51,6 +62,7 @@ class TrainRecipe:
     eval_every: int = 100  # steps between held-out evaluations (and one at the end)
     save_every: int = 50  # steps between training-state checkpoints
     seed: int = 0
+    shards: int = 0  # shards of each global batch (gradient accumulation / data-parallel split); 0 = one per process
     regenerate: bool = False  # default of --regenerate/--no-regenerate for this family
 
     def __post_init__(self) -> None:
@@ -58,6 +70,8 @@ class TrainRecipe:
             raise ValueError("lr, epochs, batch_tokens must be positive and max_length at least 2")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError("warmup_ratio must be in [0, 1)")
+        if self.shards < 0:
+            raise ValueError("shards must be at least 1 (or 0: one per process)")
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,23 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: in
     return batches
 
 
+def split_shards(data: TokenizedSet, seqs: Sequence[int], shards: int) -> list[tuple[list[int], float]]:
+    """``seqs`` (one global batch) as ``shards`` (sequence ids, weight) pairs: dealt longest first in
+    turn (balanced padded sizes), each keeping the batch's order; weight = share of loss tokens."""
+    order = sorted(range(len(seqs)), key=lambda i: (-len(data.input_ids[seqs[i]]), i))
+    parts: list[list[int]] = [[] for _ in range(shards)]
+    for j, i in enumerate(order):
+        parts[j % shards].append(i)
+    groups = [[seqs[i] for i in sorted(part)] for part in parts]
+    counts = [float(sum(sum(data.loss_mask[s]) for s in g)) for g in groups]
+    total = sum(counts)
+    if total > 0:
+        weights = [c / total for c in counts]
+    else:  # no loss token in the batch: by sequence count
+        weights = [len(g) / len(seqs) for g in groups]
+    return list(zip(groups, weights))
+
+
 def collate(data: TokenizedSet, seqs: Sequence[int], device: torch.device | str = "cpu") -> Batch:
     cache = data.cache
     width = max(len(data.input_ids[s]) for s in seqs)
@@ -195,24 +226,69 @@ def _accumulate(sums: dict[str, list[float]], metrics: dict[str, tuple[float, fl
         acc[1] += float(den)
 
 
+def _gather_sums(sums: dict[str, list[float]], world) -> dict[str, list[float]]:
+    """Every rank's metric sums added up (the same dict on every rank); ``sums`` itself without a world."""
+    if world is None:
+        return sums
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * world.size
+    dist.all_gather_object(parts, sums)
+    total: dict[str, list[float]] = {}
+    for part in parts:
+        for k, (num, den) in part.items():
+            acc = total.setdefault(k, [0.0, 0.0])
+            acc[0] += num
+            acc[1] += den
+    return total
+
+
+def _all_reduce_grads(params: list[nn.Parameter]) -> None:
+    """Sum the ranks' gradients; a parameter no rank has a gradient for keeps none (as on one process)."""
+    import torch.distributed as dist
+
+    has = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    dist.all_reduce(has)
+    dist.all_reduce(flat)
+    offset = 0
+    for p, used in zip(params, has.tolist()):
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone() if used else None
+        offset += n
+
+
 @torch.no_grad()
-def evaluate(trainable: Trainable, data: TokenizedSet, device: torch.device | str = "cpu") -> dict[str, float]:
-    """Metrics over every sequence of ``data`` (fixed batches, model in eval mode)."""
+def evaluate(trainable: Trainable, data: TokenizedSet, device: torch.device | str = "cpu", world=None) -> dict[str, float]:
+    """Metrics over every sequence of ``data`` (fixed batches, model in eval mode); under a world the
+    batches are spread over the ranks and the sums added (the same numbers)."""
     module = trainable.module
     was_training = module.training
     module.eval()
     sums: dict[str, list[float]] = {}
     lengths = [len(x) for x in data.input_ids]
-    for seqs in plan_batches(lengths, trainable.recipe.batch_tokens, seed=0, epoch=0):
+    batches = plan_batches(lengths, trainable.recipe.batch_tokens, seed=0, epoch=0)
+    if world is not None:
+        batches = batches[world.rank :: world.size]
+    for seqs in batches:
         _, metrics = trainable.loss(collate(data, seqs, device))
         _accumulate(sums, metrics)
     module.train(was_training)
-    return _ratios(sums)
+    return _ratios(_gather_sums(sums, world))
 
 
-def _config_key(trainable: Trainable, data_key: str) -> str:
-    return json.dumps({"recipe": asdict(trainable.recipe), "data": data_key, "family": type(trainable).__name__},
-                      sort_keys=True, default=str)
+def recipe_key(recipe: TrainRecipe) -> dict:
+    """The recipe as a resume key; ``shards=1`` (the behaviour before shards existed) is left out, so
+    runs started before then still resume."""
+    d = asdict(recipe)
+    if d.get("shards") == 1:
+        del d["shards"]
+    return d
+
+
+def _config_key(trainable: Trainable, data_key: str, n_shards: int) -> str:
+    recipe = recipe_key(dataclasses.replace(trainable.recipe, shards=n_shards))
+    return json.dumps({"recipe": recipe, "data": data_key, "family": type(trainable).__name__}, sort_keys=True, default=str)
 
 
 def train(
@@ -224,15 +300,23 @@ def train(
     device: torch.device | str = "cpu",
     on_step: Callable[[StepReport], Any] | None = None,
     stop_after: int | None = None,
+    world=None,
 ) -> TrainResult:
     """Train ``trainable`` on ``train_data``; resume from ``out_dir`` when it holds a matching state.
 
     ``data_key`` names the data (a run with other data or another recipe refuses to resume).
     ``stop_after`` ends the call after that many steps in total, leaving a resumable state (tests).
+    ``world`` (a :class:`~specbench.distributed.World`, process group initialised): data-parallel
+    over its ranks (see the module doc); ``recipe.shards`` must then be a multiple of its size.
     """
     from transformers import get_cosine_schedule_with_warmup
 
     recipe = trainable.recipe
+    n_shards = recipe.shards or (world.size if world is not None else 1)
+    if world is not None and n_shards % world.size:
+        raise UserError(f"shards={n_shards} cannot be spread over {world.size} processes; "
+                        f"pass --set shards=N with N a multiple of {world.size}")
+    lead = world is None or world.rank == 0  # the rank that writes the state and the log and reports
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     module = trainable.module.to(device)
@@ -243,7 +327,7 @@ def train(
     total_steps = sum(len(p) for p in plans)
     scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(recipe.warmup_ratio * total_steps), total_steps)
 
-    key = _config_key(trainable, data_key)
+    key = _config_key(trainable, data_key, n_shards)
     step = 0
     tokens_seen = 0
     state_path = out_dir / STATE_FILE
@@ -257,14 +341,21 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
     resumed_from = step
+    if world is not None:  # every rank starts from rank 0's weights (the same seed makes them equal anyway)
+        import torch.distributed as dist
+
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
 
     def save_state() -> None:
+        if not lead:
+            return
         tmp = state_path.with_suffix(".tmp")
         torch.save({"key": key, "module": module.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen}, tmp)
         tmp.replace(state_path)
 
-    log = (out_dir / LOG_FILE).open("a", encoding="utf-8")
+    log = (out_dir / LOG_FILE).open("a", encoding="utf-8") if lead else None
     start = time.perf_counter()
     call_tokens = 0
     heldout_metrics: dict[str, float] = {}
@@ -274,26 +365,41 @@ def train(
         for epoch, seqs in flat[step:]:
             if stop_after is not None and step >= stop_after:
                 break
-            batch = collate(train_data, seqs, device)
-            loss, metrics = trainable.loss(batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            shards = split_shards(train_data, seqs, n_shards)
+            sums: dict[str, list[float]] = {}
+            objective = 0.0
+            for seqs_k, weight in (shards if world is None else shards[world.rank :: world.size]):
+                if not seqs_k:
+                    continue
+                loss, metrics = trainable.loss(collate(train_data, seqs_k, device))
+                (loss * weight).backward()
+                objective += weight * float(loss.detach())
+                _accumulate(sums, {k: v for k, v in metrics.items() if k != "loss"})
+            if world is not None:
+                _all_reduce_grads(params)
+                sums = _gather_sums({**sums, "loss": [objective, 0.0]}, world)
+                objective = sums.pop("loss")[0]
+            sums["loss"] = [objective, 1.0]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip))
             optimizer.step()
             scheduler.step()
             step += 1
-            tokens_seen += batch.n_tokens
-            call_tokens += batch.n_tokens
-            train_metrics = _ratios({k: list(v) for k, v in metrics.items()})
+            n_tokens = sum(len(train_data.input_ids[s]) for s in seqs)  # the global batch's valid tokens
+            tokens_seen += n_tokens
+            call_tokens += n_tokens
+            train_metrics = _ratios(sums)
             train_metrics["grad_norm"] = grad_norm
             evaluated = None
             if step % recipe.eval_every == 0 or step == total_steps:
-                evaluated = heldout_metrics = evaluate(trainable, heldout, device)
+                evaluated = heldout_metrics = evaluate(trainable, heldout, device, world)
             if step % recipe.save_every == 0 or step == total_steps:
                 save_state()
             elapsed = time.perf_counter() - start
             report = StepReport(step, total_steps, epoch, scheduler.get_last_lr()[0], train_metrics,
                                 call_tokens / max(elapsed, 1e-9), evaluated)
+            if not lead:
+                continue
             log.write(json.dumps({"step": step, "epoch": epoch, "lr": report.lr, "tokens_seen": tokens_seen,
                                   "seconds": elapsed, **{f"train/{k}": v for k, v in train_metrics.items()},
                                   **({f"heldout/{k}": v for k, v in evaluated.items()} if evaluated else {})}) + "\n")
@@ -301,13 +407,14 @@ def train(
             if on_step is not None:
                 on_step(report)
     finally:
-        log.close()
+        if log is not None:
+            log.close()
         if step > resumed_from and step % recipe.save_every and step != total_steps:
             save_state()  # interrupted between checkpoints: keep what was done
     if not heldout_metrics:
-        heldout_metrics = evaluate(trainable, heldout, device)
+        heldout_metrics = evaluate(trainable, heldout, device, world)
     return TrainResult(step, total_steps, time.perf_counter() - start, tokens_seen, heldout_metrics, resumed_from)
 
 
 __all__ = ["TrainRecipe", "Batch", "Trainable", "TokenizedSet", "StepReport", "TrainResult", "plan_batches",
-           "collate", "evaluate", "train", "STATE_FILE", "LOG_FILE"]
+           "split_shards", "collate", "evaluate", "train", "recipe_key", "STATE_FILE", "LOG_FILE"]
