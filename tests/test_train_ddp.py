@@ -82,3 +82,8 @@ def test_shards_must_spread_over_the_processes(tmp_path, monkeypatch, wide_conso
     assert res.exit_code != 0 and "shards=3 cannot be spread over 2 processes" in res.output
     res = CliRunner().invoke(app, [*ARGS[:-2], "--device", "cuda:1", "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "puts every process on one GPU" in res.output
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two processes, one GPU: NCCL cannot pair them
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    res = CliRunner().invoke(app, [*ARGS[:-2], "--device", "auto", "--out", str(tmp_path / "x")])
+    assert res.exit_code != 0 and "2 processes on this node but 1 GPU(s)" in res.output

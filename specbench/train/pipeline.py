@@ -24,6 +24,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -91,6 +92,11 @@ def validate(job: TrainJob) -> tuple[type, Any]:
     if world is not None and job.device.startswith("cuda:"):
         raise UserError(f"--device {job.device} under torchrun puts every process on one GPU; "
                         "use --device auto or cuda (each process takes cuda:LOCAL_RANK)")
+    if world is not None and job.device in ("auto", "cuda") and torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
+        if local > torch.cuda.device_count():
+            raise UserError(f"{local} processes on this node but {torch.cuda.device_count()} GPU(s); NCCL needs one GPU "
+                            f"per process: use --nproc-per-node {torch.cuda.device_count()} or fewer (or --device cpu)")
     if job.budget_tokens <= 0 or job.heldout_tokens <= 0:
         raise UserError("--budget-tokens and --heldout-tokens must be positive")
     unknown = [d for d in job.data if d not in TRAIN_SETS]
@@ -177,7 +183,7 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
 def _rank_device(device: str, world) -> str:
     """This rank's device: ``auto`` and ``cuda`` take ``cuda:LOCAL_RANK`` when there are GPUs."""
     if device in ("auto", "cuda") and torch.cuda.is_available():
-        return f"cuda:{world.local_rank % torch.cuda.device_count()}"
+        return f"cuda:{world.local_rank}"  # validate() checked there is one GPU per local process
     return "cpu" if device == "auto" else device
 
 
