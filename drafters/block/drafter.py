@@ -222,7 +222,7 @@ class TreeFlashDrafter(_BlockDrafter):
     family = "treeflash"
     backbone = BIDIRECTIONAL_WITH_CORRECTION
     test_options = (("block_size=8", "budget=20", "top_m=4", "top_k=4"),
-                    ("block_size=8", "budget=20", "top_k=4", "ar_approximation=false"))
+                    ("block_size=8", "budget=12", "top_m=2", "top_k=3"))
 
     @classmethod
     def training(cls):

@@ -75,8 +75,8 @@ class BlockRecipe(TrainRecipe):
 @dataclass(frozen=True)
 class TreeFlashRecipe(BlockRecipe):
     lr: float = 1e-3
-    # the trained DFlash backbone: "auto" = the one shipped for the target, "random" = a seeded random
-    # one (tests: the correction alone then learns the previous-token transitions), else a directory
+    # the trained DFlash backbone: "auto" = the one shipped for the target, else a checkpoint directory;
+    # "random" (tests) = a seeded random backbone trained jointly with the correction, not frozen
     backbone: str = "auto"
     ar_intermediate_size: int = 0  # 0 = the backbone's intermediate_size (upstream)
 
@@ -130,6 +130,7 @@ class BlockTraining(Trainable):
     """The shared trainable; a family is its backbone, its objective and its checkpoint layout."""
 
     Recipe = BlockRecipe
+    test_recipe = ("block_size=8", "anchors_per_batch=256")
     backbone: Backbone = BIDIRECTIONAL
     objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], Tensor] = staticmethod(hard_label_ce)
     layout = "dflash"  # released checkpoint layout (checkpoint.LAYOUTS)
@@ -233,6 +234,7 @@ class TreeFlashTraining(BlockTraining):
     """Only the correction trains; the backbone is a trained DFlash head, frozen."""
 
     Recipe = TreeFlashRecipe
+    test_recipe = ("block_size=8", "anchors_per_batch=256", "backbone=random")
     backbone = BIDIRECTIONAL_WITH_CORRECTION
     objective = staticmethod(hard_label_ce)
     layout = "treeflash"
@@ -265,10 +267,12 @@ class TreeFlashTraining(BlockTraining):
         missing = model.load_state_dict(base.state_dict(), strict=False).missing_keys
         assert all(k.startswith("ar_approximation.") for k in missing), missing
         for name, p in model.named_parameters():
-            p.requires_grad_(name.startswith("ar_approximation."))
+            p.requires_grad_(name.startswith("ar_approximation.") or recipe.backbone == "random")
         return model
 
     def block_hidden(self, batch: Batch, anchors: Tensor) -> Tensor:
+        if self.recipe.backbone == "random":  # tests: the backbone trains too
+            return super().block_hidden(batch, anchors)
         with torch.no_grad():
             return super().block_hidden(batch, anchors)
 

@@ -161,6 +161,7 @@ class Eagle3Training(Trainable):
     """The EAGLE-3 trainable for :func:`specbench.train.trainer.train`."""
 
     Recipe = Eagle3Recipe
+    test_recipe = ("ttt_steps=4",)
 
     def __init__(self, target, recipe: Eagle3Recipe, input_ids: list[list[int]], loss_mask: list[list[int]]):
         self.recipe = recipe

@@ -99,6 +99,8 @@ class Trainable(abc.ABC):
     """
 
     Recipe: ClassVar[type[TrainRecipe]] = TrainRecipe
+    # recipe options (``key=value``) for the conformance suite's brief fit on a tiny target
+    test_recipe: ClassVar[tuple[str, ...]] = ()
     recipe: TrainRecipe
     module: nn.Module  # the parameters that train (and whose state_dict is checkpointed)
 
