@@ -1,7 +1,7 @@
 """Block drafters (DFlash, JetSpec, TreeFlash): backbone, masks, trees, tables, checkpoints, losslessness.
 
-* greedy losslessness against ``ar`` for all three, random-init and fitted (a few seconds of the
-  real training loss on the target's own greedy text, so much is accepted), on both tiny targets;
+* greedy losslessness and the sampled distribution for all three live in the conformance suite
+  (tests/test_conformance.py, random-init and briefly fitted); here: loaded checkpoints stay lossless;
 * the training forward (many anchors at once) equals the inference forward (context cache grown
   in pieces), and the causal mask holds in EVERY layer (perturbation), bidirectional otherwise;
 * each tree builder against a brute-force reference (same node set for the same scores/budget);
@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import random
@@ -26,7 +25,7 @@ from drafters.block.drafter import (
     DFlashConfig, DFlashDrafter, JetSpecConfig, JetSpecDrafter, TreeFlashConfig, TreeFlashDrafter, transition_tables,
 )
 from drafters.block.model import BlockModel, ContextCache, build_target_layer_ids, random_block_model
-from drafters.block.train import DFlashTraining, JetSpecTraining, TreeFlashTraining, draw_anchors
+from drafters.block.train import draw_anchors
 from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
 from specbench.decode import generate
 from specbench.drafter import Sampling, available_drafters, parse_config
@@ -38,9 +37,6 @@ from specbench.tree import depths, path_to
 TARGETS = ["tiny-llama", "tiny-qwen3"]
 MAX_NEW = 32
 FAMILIES = {"dflash": DFlashDrafter, "jetspec": JetSpecDrafter, "treeflash": TreeFlashDrafter}
-SMALL = {"dflash": ["block_size=8"], "jetspec": ["block_size=8", "budget=24", "width=4"],
-         "treeflash": ["block_size=8", "budget=24", "top_m=4", "top_k=4"]}
-
 
 class Setup:
     def __init__(self, name: str):
@@ -73,114 +69,18 @@ def assert_lossless(setup: Setup, drafter) -> int:
     return accepted
 
 
-# --------------------------------------------------------------------------- fitted drafters
-
-
-def greedy_batch(target, sequences: list[torch.Tensor], layers: tuple[int, ...]) -> Batch:
-    """A training batch over ``sequences`` with the target's own states (every token a loss token)."""
-    width = max(s.numel() for s in sequences)
-    n = len(sequences)
-    tokens = torch.zeros(n, width, dtype=torch.long)
-    valid = torch.zeros(n, width, dtype=torch.bool)
-    hidden = torch.zeros(n, width, len(layers), target.hidden_size)
-    argmax = torch.zeros(n, width, dtype=torch.long)
-    with torch.no_grad():
-        for i, seq in enumerate(sequences):
-            out = target.model(input_ids=seq[None], use_cache=False, output_hidden_states=True)
-            t = seq.numel()
-            tokens[i, :t], valid[i, :t] = seq, True
-            hidden[i, :t] = torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
-            argmax[i, :t] = out.logits[0].argmax(-1)
-    return Batch(tokens, valid.clone(), valid, hidden, argmax)
-
-
-def fit(training, batch: Batch, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
-    """``steps`` of Adam on the family's own loss; returns the first and last metrics."""
-    params = [p for p in training.module.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
-    training.module.train()
-    first = last = None
-    for _ in range(steps):
-        loss, metrics = training.loss(batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ratios = {k: n / d for k, (n, d) in metrics.items() if d}
-        first = first or ratios
-        last = ratios
-    training.module.eval()
-    return first, last
-
-
-def recipe(cls, **kw):
-    return cls.Recipe(block_size=8, num_layers=2, anchors_per_batch=4096, **kw)
-
-
-@pytest.fixture(scope="module")
-def fitted(setups, tmp_path_factory):
-    """Per target: fitted dflash, jetspec and treeflash checkpoints (saved, so loads are exercised)."""
-    out = {}
-    for name, setup in setups.items():
-        target = setup.target
-        seqs = [torch.cat([p, torch.tensor(r)]) for p, r in zip(setup.prompts, setup.reference)]
-        dirs = {}
-        for family, cls in (("dflash", DFlashTraining), ("jetspec", JetSpecTraining)):
-            tr = cls(target, recipe(cls), [], [])
-            batch = greedy_batch(target, seqs, tr.cache_layers)
-            first, last = fit(tr, batch, steps=120)
-            assert last["chain_tau"] > first["chain_tau"] + 1.0, (family, name, first["chain_tau"], last["chain_tau"])
-            dirs[family] = tr.save(tmp_path_factory.mktemp(f"{family}-{name}"), dtype=torch.float32)
-        tr = TreeFlashTraining(target, recipe(TreeFlashTraining, backbone=str(dirs["dflash"])), [], [])
-        batch = greedy_batch(target, seqs, tr.cache_layers)
-        first, last = fit(tr, batch, steps=30)
-        assert last["loss"] < first["loss"], (first["loss"], last["loss"])
-        dirs["treeflash"] = tr.save(tmp_path_factory.mktemp(f"treeflash-{name}"), dtype=torch.float32)
-        out[name] = dirs
-    return out
-
-
-# --------------------------------------------------------------------------- losslessness
-
-
-@pytest.mark.parametrize("name", TARGETS)
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_random_init_greedy_lossless(setups, name, family):
-    assert_lossless(setups[name], make(family, setups[name].target, ["path=random"] + SMALL[family]))
-
-
-@pytest.mark.parametrize("name", TARGETS)
-@pytest.mark.parametrize("family,options", [
-    ("dflash", []), ("dflash", ["tree=marginal", "budget=20", "top_k=4"]), ("jetspec", ["budget=20", "width=4"]),
-    ("jetspec", ["budget=20", "width=4", "gap_cap=2.0"]), ("jetspec", ["budget=20", "width=4", "tree=kbest"]), ("treeflash", ["budget=20", "top_m=4", "top_k=4"]),
-    ("treeflash", ["budget=20", "top_k=4", "ar_approximation=false"]),
-])
-def test_fitted_greedy_lossless_and_accepts(setups, fitted, name, family, options):
-    drafter = make(family, setups[name].target, [f"path={fitted[name][family]}"] + options)
-    accepted = assert_lossless(setups[name], drafter)
-    steps_saved = accepted / (len(setups[name].prompts) * MAX_NEW)
-    assert steps_saved > 0.3, f"{family} {options} accepted only {accepted} drafts"
-
-
-def test_sampled_generation_is_valid(setups, fitted):
-    """Temperature > 0 runs through the point-mass rule (distribution tests live in test_losslessness)."""
-    setup = setups["tiny-llama"]
-    g = torch.Generator().manual_seed(0)
-    for family in FAMILIES:
-        drafter = make(family, setup.target, [f"path={fitted['tiny-llama'][family]}", "budget=12"])
-        gen = generate(setup.target, drafter, setup.prompts[0], 16, Sampling(temperature=0.8, generator=g))
-        assert 1 <= len(gen.output_ids) <= 16 and all(0 <= t < setup.target.vocab_size for t in gen.output_ids)
-
-
-def test_context_cache_holds_committed_rows_only(setups, fitted):
+def test_context_cache_holds_committed_rows_only(setups):
     """After a generation the drafter's context rows equal one teacher-forced pass over the final
     sequence: rejected drafts never enter the cache and every committed position is there once."""
     setup = setups["tiny-qwen3"]
-    drafter = make("jetspec", setup.target, [f"path={fitted['tiny-qwen3']['jetspec']}", "budget=20", "width=4"])
+    drafter = make("jetspec", setup.target, ["path=random", "block_size=8", "budget=20", "width=4"])
     prompt = setup.prompts[0]
     gen = generate(setup.target, drafter, prompt, MAX_NEW, Sampling())
     seq = torch.cat([prompt, torch.tensor(gen.output_ids)])
     n = drafter.n_context
-    assert n == seq.numel() - 2  # every committed token but the last (the root) and token 0's missing row
+    # every committed token handed over (all but the last step's, which the output may cut) but the
+    # root and token 0 (no row); the last step commits at most block_size tokens
+    assert seq.numel() - 2 - 8 <= n <= seq.numel() - 2
     with torch.no_grad():
         out = setup.target.model(input_ids=seq[None], use_cache=False, output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i][0] for i in drafter.feature_layers], dim=-1)[:n]
@@ -734,34 +634,6 @@ def test_shipped_smollm2_checkpoints_are_package_data(family):
         assert cfg["treeflash_config"]["ar_approximation"] == "swiglu"
     card = (path / "TRAINING.md").read_text()
     assert "specbench train" in card and "## Final held-out metrics" in card
-
-
-@pytest.mark.parametrize("family,options", [("dflash", ["tree=marginal", "budget=12", "top_k=4"]),
-                                            ("jetspec", ["budget=12", "width=4"]),
-                                            ("treeflash", ["budget=12", "top_m=4", "top_k=4"])])
-def test_sampled_distribution_equals_target(setups, fitted, family, options):
-    """At temperature 1 (top-k 4) the first two tokens follow the target's exact distribution (a
-    chi-square test against the target's own probabilities), with drafts accepted along the way."""
-    from collections import Counter
-
-    from test_verify import E2E_SAMPLING, P_MIN, chi2_pvalue, exact_two_token_probs, first_token, first_token_probs
-
-    setup = setups["tiny-llama"]
-    prompt = setup.prompts[0]
-    drafter = make(family, setup.target, [f"path={fitted['tiny-llama'][family]}"] + options)
-    sampling = Sampling(generator=torch.Generator().manual_seed(11), **E2E_SAMPLING)
-    counts: Counter = Counter()
-    accepted = 0
-    n = 240
-    for _ in range(n):
-        gen = generate(setup.target, drafter, prompt, max_new_tokens=2, sampling=sampling)
-        ids = gen.output_ids
-        counts[(ids[0], ids[1] if len(ids) > 1 else None)] += 1
-        accepted += sum(step.accepted for step in gen.steps)
-    probs = exact_two_token_probs(setup.target, prompt)
-    assert chi2_pvalue(counts, probs, n) > P_MIN, sorted(counts.items())
-    assert chi2_pvalue(first_token(counts), first_token_probs(probs), n) > P_MIN
-    assert accepted > n // 10, accepted
 
 
 @pytest.mark.parametrize("options,words", [

@@ -108,7 +108,6 @@ class Setup:
         assert len(self.prompts) == N_PROMPTS
         self.reference = [self.run(drafter_class("ar")(self.target, None), p) for p in self.prompts]
         assert len(self.reference[0]) < MAX_NEW  # the early-stop prompt stops every drafter early
-        self.fitted: dict[str, Path] = {}
 
     def run(self, drafter: Drafter, prompt: torch.Tensor, sampling: Sampling | None = None, max_new: int = MAX_NEW):
         return generate(self.target, drafter, prompt, max_new, sampling or Sampling()).output_ids
@@ -117,8 +116,10 @@ class Setup:
         return [torch.cat([p, torch.tensor(r, dtype=torch.long)]) for p, r in zip(self.prompts, self.reference)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def setups():
+    """Targets, prompts, references and fitted checkpoints, built on first use and kept for the
+    session (xdist workers interleave modules, which would tear a module fixture down)."""
     return {}
 
 
@@ -150,9 +151,21 @@ def greedy_batch(target, sequences: list[torch.Tensor], layers: tuple[int, ...])
 
 
 def fitted_checkpoint(setup: Setup, name: str, tmp_root: Path) -> Path:
-    """A checkpoint of drafter ``name`` trained FIT_STEPS Adam steps on the target's greedy text."""
-    if name in setup.fitted:
-        return setup.fitted[name]
+    """A checkpoint of drafter ``name`` trained FIT_STEPS Adam steps on the target's greedy text.
+
+    Fitted once per test session: under pytest-xdist the workers share ``tmp_root`` and a file
+    lock, so the second worker to ask loads what the first one wrote (the fit is seeded)."""
+    from filelock import FileLock
+
+    out = tmp_root / f"{name}-{setup.target.name}"
+    with FileLock(str(out) + ".lock"):
+        if not (out / "done").exists():
+            fit_and_save(setup, name, out)
+            (out / "done").write_text("ok\n")
+    return out
+
+
+def fit_and_save(setup: Setup, name: str, out: Path) -> None:
     training = drafter_class(name).training()
     recipe = parse_config(training.Recipe, list(training.test_recipe))
     seqs = setup.sequences()
@@ -171,9 +184,7 @@ def fitted_checkpoint(setup: Setup, name: str, tmp_root: Path) -> Path:
         losses.append(float(loss.detach()))
     trainable.module.eval()
     assert losses[-1] < losses[0], (name, losses[0], losses[-1])
-    out = trainable.save(tmp_root / f"{name}-{setup.target.name}", dtype=torch.float32)
-    setup.fitted[name] = out
-    return out
+    trainable.save(out, dtype=torch.float32)
 
 
 def build(setup: Setup, case: Case, tmp_root: Path) -> Drafter:
@@ -186,9 +197,13 @@ def build(setup: Setup, case: Case, tmp_root: Path) -> Drafter:
     return cls(setup.target, parse_config(cls.Config, opts))
 
 
-@pytest.fixture(scope="module")
-def tmp_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("conformance")
+@pytest.fixture(scope="session")
+def tmp_root(tmp_path_factory, worker_id) -> Path:
+    """Shared by the xdist workers of a session (their base temp dirs have a common parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "conformance-fits"
+    root.mkdir(exist_ok=True)
+    return root
 
 
 # --------------------------------------------------------------------------- the tests

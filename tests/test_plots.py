@@ -111,7 +111,7 @@ def test_acceptance_curves_are_per_depth_shares_of_steps():
     assert "ar" not in curves  # the baseline drafts nothing
     # the same numbers as report's definition
     series = {s.label: s for s in plots.series_of(frame(rows))}
-    assert curves["ngram (num_draft=3)"][:4] == report.accept_at_least(series["ngram (num_draft=3)"].rows)
+    assert curves["ngram (num_draft=3)"][:4] == report.accept_at_least(series["ngram (num_draft=3)"].rows, max_depth=4)
 
 
 def test_accepted_fractions_sum_to_one():

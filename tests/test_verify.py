@@ -446,7 +446,9 @@ def make_drafter(kind: str, target):
 
 @pytest.mark.parametrize(
     "kind, prompt_name, n",
-    [("ar", "draft", 150), ("ngram", "ngram", 300), ("draft-model/llama", "draft", 200), ("draft-model/qwen3", "draft", 300)],
+    # ngram and a same-weights draft model are in the conformance suite; the other-family draft LM
+    # here exercises the residual (rejection) branch with real draft probabilities end to end
+    [("ar", "draft", 150), ("draft-model/qwen3", "draft", 300)],
 )
 def test_sampled_generation_matches_target(llama, e2e_prompts, kind, prompt_name, n):
     from specbench.decode import generate

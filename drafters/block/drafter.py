@@ -162,7 +162,8 @@ class JetSpecDrafter(_BlockDrafter):
     Config = JetSpecConfig
     family = "jetspec"
     backbone = CAUSAL
-    test_options = (("block_size=8", "budget=20", "width=4"), ("block_size=8", "budget=20", "width=4", "tree=kbest"))
+    test_options = (("block_size=8", "budget=20", "width=4"), ("block_size=8", "budget=20", "width=4", "tree=kbest"),
+                    ("block_size=8", "budget=20", "width=4", "gap_cap=2.0"))
 
     @classmethod
     def training(cls):
