@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench.drafter import CheckpointId, DraftContext, Drafter, Sampling, UserError
-from specbench.tree import DraftTree, chain
+from specbench.tree import DraftTree, TreeBuilder, chain
 from specbench.verify import target_probs
 
 
@@ -121,28 +121,16 @@ class DraftModelDrafter(Drafter):
         pos = len(self.seq) - 1
         self.draft.truncate(pos)  # the root is re-run as node 0 of each tree forward
         self.cached = self.seq[:-1]
-        tokens = [self.seq[-1]]
-        parents = [-1]
-        score = [0.0]  # cumulative log-prob
+        tree = TreeBuilder(self.seq[-1])
         frontier = [0]
         for _ in range(self.config.num_draft):
-            tree = DraftTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents))
-            logprobs = torch.log_softmax(self.draft.forward_tree(tree, pos).logits.float(), dim=-1)
+            logprobs = torch.log_softmax(self.draft.forward_tree(tree.build(), pos).logits.float(), dim=-1)
             self.draft.truncate(pos)
-            candidates = []
+            candidates = []  # (cumulative log-prob, parent, token), frontier order then rank order
             for node in frontier:
                 top = torch.topk(logprobs[node], k)
                 for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
-                    candidates.append((score[node] + lp, node, tok))
-            candidates.sort(key=lambda c: -c[0])
-            frontier = []
-            for total, node, tok in candidates[:k]:
-                frontier.append(len(tokens))
-                tokens.append(tok)
-                parents.append(node)
-                score.append(total)
-        return DraftTree(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-            parents=torch.tensor(parents, dtype=torch.long, device=device),
-            n_forwards=self.config.num_draft,
-        )
+                    candidates.append((tree.scores[node] + lp, node, tok))
+            candidates.sort(key=lambda c: -c[0])  # stable: ties keep that order
+            frontier = [tree.add(node, tok, total) for total, node, tok in candidates[:k]]
+        return tree.build(n_forwards=self.config.num_draft, device=device)

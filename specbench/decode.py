@@ -19,7 +19,6 @@ from torch import Tensor
 
 from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.targets import Target
-from specbench.tree import depths
 from specbench.verify import verify
 
 
@@ -100,7 +99,7 @@ def generate(
         steps.append(
             Step(
                 tree_size=tree.size,
-                tree_depth=int(depths(tree.parents).max()),
+                tree_depth=int(tree.depth.max()),
                 accepted=len(result.path) - 1,
                 drafter_forwards=tree.n_forwards,
                 draft_s=t_draft - t_prev,

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specbench.cache import cache_length, commit_path
 from specbench.errors import UserError
-from specbench.tree import DraftTree, ancestor_mask, depths, is_chain
+from specbench.tree import DraftTree, is_chain
 
 TINY_TARGETS = {
     "tiny-llama": "random-init 4-layer Llama (H 64, vocab 384), seeded; built in code, for tests",
@@ -109,7 +109,6 @@ class Target:
         """
         if self.kv_length != pos:
             raise RuntimeError(f"target cache holds {self.kv_length} slots but the tree root is at position {pos}")
-        n = tree.size
         device = self.device
         # Fast path: a chain (the AR baseline's root-only tree included) needs only the ordinary
         # causal mask, which the model builds itself. tree_mask() is the general path; a test
@@ -117,7 +116,7 @@ class Target:
         mask = None if is_chain(tree.parents) and not force_tree_mask else self.tree_mask(tree, pos)
         out = self.model(
             input_ids=tree.tokens.to(device)[None],
-            position_ids=(pos + depths(tree.parents)).to(device)[None],
+            position_ids=(pos + tree.depth).to(device)[None],
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
@@ -130,7 +129,7 @@ class Target:
         """[1, 1, N, pos + N] additive mask: every node sees the prefix, its ancestors and itself."""
         n = tree.size
         visible = torch.ones(n, pos + n, dtype=torch.bool, device=self.device)
-        visible[:, pos:] = ancestor_mask(tree.parents).to(self.device)
+        visible[:, pos:] = tree.ancestors.to(self.device)
         mask = torch.zeros(1, 1, n, pos + n, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
 

@@ -10,11 +10,23 @@ Vocabulary (used everywhere in specbench; see also decode.py):
 * Node ``i`` sits at position ``pos + depth[i]``. The verify attention mask lets node ``i`` see
   the whole committed prefix plus its ancestors and itself.
 * The target's logits at node ``i`` are the distribution of ``i``'s child.
+
+Building trees. :class:`TreeBuilder` is the one way drafters grow a tree: ``add(parent, token,
+score)`` returns the node id (node 0 is the root, score 0), :meth:`TreeBuilder.prune` keeps the
+``budget`` best nodes by score with every kept node's ancestors (ancestor closure), and
+:meth:`TreeBuilder.build` returns the :class:`DraftTree`. :class:`BestFirst` is the heap that
+best-first expansion pops from (ties: first pushed, first popped). A :class:`DraftTree` computes its
+node depths and ancestor mask once, vectorised (binary lifting: no per-node Python loop and no
+host synchronisation, so they stay on the GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,6 +51,16 @@ class DraftTree:
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])
+
+    @cached_property
+    def depth(self) -> Tensor:
+        """[N] int64 depth of every node (root 0), computed once."""
+        return depths(self.parents)
+
+    @cached_property
+    def ancestors(self) -> Tensor:
+        """[N, N] bool verify mask: [i, j] is True when j is i or one of i's ancestors; computed once."""
+        return ancestor_mask(self.parents, self.depth)
 
 
 def check_tree(tokens: Tensor, parents: Tensor) -> None:
@@ -74,19 +96,12 @@ def from_paths(root_token: int, paths: list[list[int]]) -> DraftTree:
 
     Node order is breadth-first by insertion, so parents always precede children.
     """
-    tokens = [int(root_token)]
-    parents = [-1]
-    children: dict[tuple[int, int], int] = {}
+    builder = TreeBuilder(root_token)
     for path in paths:
         node = 0
         for tok in path:
-            key = (node, int(tok))
-            if key not in children:
-                children[key] = len(tokens)
-                tokens.append(int(tok))
-                parents.append(node)
-            node = children[key]
-    return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+            node = builder.child(node, int(tok))
+    return builder.build()
 
 
 def is_chain(parents: Tensor) -> bool:
@@ -95,25 +110,38 @@ def is_chain(parents: Tensor) -> bool:
     return bool(torch.equal(parents, expected))
 
 
+def _lifting(parents: Tensor) -> list[Tensor]:
+    """Binary-lifting table: entry k maps node i to its 2**k-th ancestor (the root maps to itself)."""
+    up = parents.clamp(min=0)  # the root's parent is itself
+    table = [up]
+    for _ in range(max(1, math.ceil(math.log2(max(parents.numel(), 2))))):
+        table.append(table[-1][table[-1]])
+    return table
+
+
 def depths(parents: Tensor) -> Tensor:
-    """[N] depth of every node (root 0). Parents precede children, so one pass suffices."""
-    p = parents.tolist()
-    d = [0] * len(p)
-    for i in range(1, len(p)):
-        d[i] = d[p[i]] + 1
-    return torch.tensor(d, dtype=torch.long, device=parents.device)
+    """[N] depth of every node (root 0), by pointer jumping: ceil(log2 N) vectorised steps."""
+    up = parents.clamp(min=0)
+    dist = (parents >= 0).long()  # distance from i to up[i]
+    for _ in range(max(1, math.ceil(math.log2(max(parents.numel(), 2))))):
+        dist = dist + dist[up]
+        up = up[up]
+    return dist
 
 
-def ancestor_mask(parents: Tensor) -> Tensor:
-    """[N, N] bool: mask[i, j] is True when j is i itself or one of i's ancestors."""
+def ancestor_mask(parents: Tensor, depth: Tensor | None = None) -> Tensor:
+    """[N, N] bool: mask[i, j] is True when j is i itself or one of i's ancestors.
+
+    j is an ancestor-or-self of i exactly when depth[j] <= depth[i] and i's ancestor at depth
+    depth[j] is j; that ancestor is found for every (i, j) at once by binary lifting.
+    """
     n = parents.numel()
-    p = parents.tolist()
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        mask[i, i] = True
-        if i > 0:
-            mask[i] |= mask[p[i]]
-    return mask.to(parents.device)
+    depth = depths(parents) if depth is None else depth
+    gap = depth[:, None] - depth[None, :]  # [N, N] levels from i up to j's depth
+    node = torch.arange(n, device=parents.device)[:, None].expand(n, n)
+    for k, up in enumerate(_lifting(parents)):
+        node = torch.where(((gap.clamp(min=0) >> k) & 1).bool(), up[node], node)
+    return (gap >= 0) & (node == torch.arange(n, device=parents.device)[None, :])
 
 
 def path_to(parents: Tensor, node: int) -> list[int]:
@@ -133,3 +161,105 @@ def children_lists(parents: Tensor) -> list[list[int]]:
         if par >= 0:
             kids[par].append(i)
     return kids
+
+
+# --------------------------------------------------------------------------- building trees
+
+
+class TreeBuilder:
+    """Grows a draft tree node by node; node 0 is the root (score 0).
+
+    ``score`` is whatever the drafter ranks nodes by (usually the cumulative log-prob of the
+    path). Nodes get ids in the order they are added, so a parent always precedes its children.
+    """
+
+    def __init__(self, root_token: int):
+        self.tokens: list[int] = [int(root_token)]
+        self.parents: list[int] = [-1]
+        self.scores: list[float] = [0.0]
+        self.depth: list[int] = [0]
+        self._children: dict[tuple[int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, score: float = 0.0) -> int:
+        """Add a child of ``parent``; returns its node id."""
+        if not 0 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} is not a node of this tree ({len(self.tokens)} nodes)")
+        node = len(self.tokens)
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.scores.append(float(score))
+        self.depth.append(self.depth[parent] + 1)
+        self._children.setdefault((int(parent), int(token)), node)
+        return node
+
+    def child(self, parent: int, token: int, score: float = 0.0) -> int:
+        """The child of ``parent`` holding ``token``, added if there is none (merges duplicates)."""
+        found = self._children.get((int(parent), int(token)))
+        return self.add(parent, token, score) if found is None else found
+
+    def prune(self, budget: int) -> Tensor:
+        """Ids (ascending) of the ``budget`` best nodes, the root included, ancestor-closed (:func:`best_closed`)."""
+        return best_closed(torch.tensor(self.scores, dtype=torch.float64), torch.tensor(self.parents), budget)
+
+    def build(self, budget: int | None = None, n_forwards: int = 0, device: torch.device | str = "cpu",
+              draft_probs: Tensor | None = None) -> DraftTree:
+        """The DraftTree of every node, or of :meth:`prune` (``budget``) when given."""
+        tokens, parents = torch.tensor(self.tokens, dtype=torch.long), torch.tensor(self.parents, dtype=torch.long)
+        if budget is not None:
+            tokens, parents = subtree(tokens, parents, self.prune(budget))
+        return DraftTree(tokens=tokens.to(device), parents=parents.to(device), draft_probs=draft_probs,
+                         n_forwards=n_forwards)
+
+
+def best_closed(scores: Tensor, parents: Tensor, budget: int) -> Tensor:
+    """Ids (ascending) of the ``budget`` best nodes of a tree, the root included, ancestor-closed.
+
+    A node ranks by the lowest score on its path from the root (computed by pointer jumping), so
+    it never outranks an ancestor; ties go to the smaller id, which an ancestor always has. The
+    ``budget`` best are therefore closed under ancestors. With cumulative log-probs (a child never
+    scores above its parent) this is simply the ``budget`` best scores.
+    """
+    n = parents.numel()
+    if budget >= n:
+        return torch.arange(n, device=parents.device)
+    eff = scores.clone()
+    up = parents.clamp(min=0)
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        eff = torch.minimum(eff, eff[up])
+        up = up[up]
+    eff[0] = math.inf  # the root is always kept
+    order = torch.sort(eff, descending=True, stable=True).indices
+    return order[: max(budget, 1)].sort().values
+
+
+def subtree(tokens: Tensor, parents: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Tokens and re-numbered parents of the ancestor-closed node set ``keep`` (ascending, root first)."""
+    new_id = torch.full((parents.numel(),), -1, dtype=torch.long, device=parents.device)
+    new_id[keep] = torch.arange(keep.numel(), device=parents.device)
+    kept_parents = parents[keep]
+    remapped = torch.where(kept_parents >= 0, new_id[kept_parents.clamp(min=0)], kept_parents)
+    if bool((remapped[1:] < 0).any()):
+        raise ValueError("the kept nodes are not closed under ancestors")
+    return tokens[keep], remapped
+
+
+@dataclass
+class BestFirst:
+    """A max-heap of (score, item) for best-first expansion; ties pop in push order."""
+
+    _heap: list[tuple[float, int, Any]] = field(default_factory=list)
+    _count: int = 0
+
+    def push(self, score: float, item: Any) -> None:
+        heapq.heappush(self._heap, (-float(score), self._count, item))
+        self._count += 1
+
+    def pop(self) -> tuple[float, Any]:
+        neg, _, item = heapq.heappop(self._heap)
+        return -neg, item
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)

@@ -9,8 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench.tree import (
+    BestFirst,
     DraftTree,
+    TreeBuilder,
     ancestor_mask,
+    best_closed,
     chain,
     check_tree,
     children_lists,
@@ -195,3 +198,66 @@ def test_from_paths_merges_shared_prefixes(paths):
     for kids in children_lists(tree.parents):
         toks = [int(tree.tokens[k]) for k in kids]
         assert len(toks) == len(set(toks))
+
+
+# --------------------------------------------------------------------------- building and pruning
+
+
+def test_deep_and_wide_trees_vectorised_helpers_match_walks():
+    """Binary lifting on trees deeper than any test above: a 300-node chain and a random 300-node tree."""
+    g = torch.Generator().manual_seed(0)
+    for parents in ([-1] + list(range(299)),
+                    [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, 300)]):
+        p = T(parents)
+        tree = DraftTree(tokens=torch.zeros(300, dtype=torch.long), parents=p)
+        assert tree.depth.tolist() == [slow_depth(parents, i) for i in range(300)]
+        for i in (0, 7, 150, 299):
+            assert set(torch.nonzero(tree.ancestors[i]).flatten().tolist()) == slow_ancestors(parents, i)
+
+
+def closed(parents: list[int], keep: list[int]) -> bool:
+    return all(parents[i] in keep for i in keep if i > 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_parents(), st.integers(1, 12), st.integers(0, 2**31 - 1), st.booleans())
+def test_best_closed_keeps_the_best_ancestor_closed_set(parents, budget, seed, monotone):
+    g = torch.Generator().manual_seed(seed)
+    n = len(parents)
+    step = -torch.rand(n, generator=g, dtype=torch.float64).round(decimals=1)  # ties happen
+    if monotone:  # cumulative log-probs: a child never scores above its parent
+        scores = [0.0] * n
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] + float(step[i])
+    else:
+        scores = [0.0] + [float(x) for x in step[1:]]
+    keep = best_closed(torch.tensor(scores, dtype=torch.float64), T(parents), budget).tolist()
+    assert keep[0] == 0 and keep == sorted(keep) and len(keep) == min(budget, n) and closed(parents, keep)
+    path_min = [min(scores[j] for j in slow_ancestors(parents, i) if j > 0) if i else float("inf") for i in range(n)]
+    worst_kept = min(path_min[i] for i in keep)
+    assert all(path_min[i] <= worst_kept for i in range(n) if i not in keep)
+    if monotone:  # then simply the best scores, ties to the smaller id
+        ranked = sorted(range(1, n), key=lambda i: (-scores[i], i))
+        assert keep == sorted([0] + ranked[: min(budget, n) - 1])
+
+
+def test_tree_builder_build_prune_and_merge():
+    b = TreeBuilder(7)
+    a = b.add(0, 1, -0.1)
+    c = b.add(a, 2, -0.5)
+    d = b.add(0, 3, -0.3)
+    assert b.child(0, 1) == a and b.child(a, 4, -0.9) == 4  # an existing child is reused
+    full = b.build()
+    assert full.tokens.tolist() == [7, 1, 2, 3, 4] and full.parents.tolist() == [-1, 0, 1, 0, 1]
+    small = b.build(budget=3)  # root, 1 (-0.1), 3 (-0.3)
+    assert small.tokens.tolist() == [7, 1, 3] and small.parents.tolist() == [-1, 0, 0]
+    assert b.depth == [0, 1, 2, 1, 2] and c == 2 and d == 3
+    with pytest.raises(ValueError):
+        b.add(9, 1)
+
+
+def test_best_first_pops_best_then_oldest():
+    q = BestFirst()
+    for score, item in [(-1.0, "a"), (-0.5, "b"), (-1.0, "c"), (0.0, "d")]:
+        q.push(score, item)
+    assert [q.pop()[1] for _ in range(4)] == ["d", "b", "a", "c"] and not q

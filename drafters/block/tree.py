@@ -18,24 +18,20 @@ position d; a node's score is the sum of the log-probs along its path from the r
 
 from __future__ import annotations
 
-import heapq
-
 import torch
 from torch import Tensor
 
-from specbench.tree import DraftTree
-
-
-def _tree(root: int, tokens: list[int], parents: list[int], n_forwards: int) -> DraftTree:
-    return DraftTree(tokens=torch.tensor([root] + tokens, dtype=torch.long),
-                     parents=torch.tensor([-1] + parents, dtype=torch.long), n_forwards=n_forwards)
+from specbench.tree import BestFirst, DraftTree, TreeBuilder
 
 
 def chain_tree(root: int, logits: Tensor, budget: int, n_forwards: int = 1) -> DraftTree:
     """The argmax of every depth's logits [D, V] as a chain, at most ``budget`` nodes."""
     n = max(0, min(budget - 1, logits.shape[0]))
-    drafts = logits[:n].argmax(-1).tolist()
-    return _tree(root, drafts, list(range(n)), n_forwards)
+    tree = TreeBuilder(root)
+    node = 0
+    for tok in logits[:n].argmax(-1).tolist():
+        node = tree.add(node, tok)
+    return tree.build(n_forwards=n_forwards)
 
 
 def gap_caps(top_logp: Tensor, threshold: float, width: int) -> list[int]:
@@ -56,26 +52,19 @@ def accum_logp_tree(root: int, top_tokens: Tensor, top_logp: Tensor, budget: int
     toks = top_tokens.tolist()
     lps = top_logp.float().tolist()
     d_max, width = len(toks), (len(toks[0]) if toks else 0)
-    tokens: list[int] = []
-    parents: list[int] = []
-    depth = [0]
-    score = [0.0]
-    heap: list[tuple[float, int]] = [(0.0, 0)]  # (-score, node); node ids break ties (older first)
-    n = 1
-    while heap and n < budget:
-        neg, node = heapq.heappop(heap)
-        d = depth[node]
+    tree = TreeBuilder(root)
+    frontier = BestFirst()
+    frontier.push(0.0, 0)  # (score, node); ties pop the older node first
+    while frontier and len(tree) < budget:
+        score, node = frontier.pop()
+        d = tree.depth[node]
         if d >= d_max:
             continue
-        fan = min(width, caps[d] if caps is not None else width, budget - n)
-        for j in range(fan):
-            tokens.append(toks[d][j])
-            parents.append(node)
-            depth.append(d + 1)
-            score.append(-neg + lps[d][j])
-            heapq.heappush(heap, (-score[-1], n))
-            n += 1
-    return _tree(root, tokens, parents, n_forwards)
+        fan = min(width, caps[d] if caps is not None else width, budget - len(tree))
+        for j in range(fan):  # ALL children of the popped node at once (the last expansion cut to fit)
+            child = tree.add(node, toks[d][j], score + lps[d][j])
+            frontier.push(tree.scores[child], child)
+    return tree.build(n_forwards=n_forwards)
 
 
 def marginal_tables(top_tokens: Tensor, top_logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -102,29 +91,19 @@ def kbest_tree(root: int, tokens: Tensor, logp: Tensor, next_row: Tensor, budget
     lp = logp.float().tolist()
     nx = next_row.tolist()
     d_max, k = len(tk), (len(tk[0][0]) if tk else 0)
-    out_tokens: list[int] = []
-    out_parents: list[int] = []
-    heap: list[tuple[float, int, int, int, int, int, float]] = []  # (-score, order, parent, d, row, rank, score)
-    order = 0
+    tree = TreeBuilder(root)
+    pending = BestFirst()  # candidates (parent node, depth, table row, rank) not yet in the tree
     if budget > 1 and d_max > 0 and k > 0:
-        heap.append((-lp[0][0][0], order, 0, 0, 0, 0, lp[0][0][0]))
-    n = 1
-    while heap and n < budget:
-        _, _, parent, d, row, rank, sc = heapq.heappop(heap)  # a child at depth d + 1 from table row (d, row)
-        out_tokens.append(tk[d][row][rank])
-        out_parents.append(parent)
-        node = n
-        n += 1
-        if rank + 1 < k:
-            s2 = sc - lp[d][row][rank] + lp[d][row][rank + 1]
-            order += 1
-            heapq.heappush(heap, (-s2, order, parent, d, row, rank + 1, s2))
+        pending.push(lp[0][0][0], (0, 0, 0, 0))
+    while pending and len(tree) < budget:
+        score, (parent, d, row, rank) = pending.pop()  # a child at depth d + 1 from table row (d, row)
+        node = tree.add(parent, tk[d][row][rank], score)
+        if rank + 1 < k:  # its next sibling
+            pending.push(score - lp[d][row][rank] + lp[d][row][rank + 1], (parent, d, row, rank + 1))
         child_row = nx[d][row][rank]
-        if d + 1 < d_max and child_row >= 0:
-            s3 = sc + lp[d + 1][child_row][0]
-            order += 1
-            heapq.heappush(heap, (-s3, order, node, d + 1, child_row, 0, s3))
-    return _tree(root, out_tokens, out_parents, n_forwards)
+        if d + 1 < d_max and child_row >= 0:  # its first child
+            pending.push(score + lp[d + 1][child_row][0], (node, d + 1, child_row, 0))
+    return tree.build(n_forwards=n_forwards)
 
 
 __all__ = ["chain_tree", "accum_logp_tree", "gap_caps", "marginal_tables", "kbest_tree"]

@@ -7,7 +7,8 @@ global ids in the order they are created, so a parent's id is always smaller tha
 * depth 1: the root's ``top_k`` tokens are the candidates, and all of them are the frontier;
 * depth d > 1: every frontier node gets its ``top_k`` tokens (``top_k ** 2`` candidates); the
   ``top_k`` best of them by cumulative log-prob are the next frontier;
-* finally the ``budget`` best candidates over all depths are kept (upstream ``total_tokens - 1``).
+* finally the ``budget`` best candidates over all depths are kept (upstream ``total_tokens - 1``),
+  by :func:`specbench.tree.best_closed`.
 
 The kept set is ancestor-closed: log-probs are <= 0, so a child never outscores its parent, and
 ties are broken towards the smaller id (stable sort), which is the parent's. Nodes are emitted in
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specbench.tree import DraftTree
+from specbench.tree import DraftTree, best_closed, subtree
 
 
 class DynamicTreeBuilder:
@@ -89,32 +90,21 @@ class DynamicTreeBuilder:
         """[C] parent candidate id of every candidate (-1 = the root)."""
         return torch.cat(self._parents)
 
-    def select(self, budget: int) -> Tensor:
-        """[n] ids of the ``budget`` best candidates, ascending (ancestor-closed, see module doc)."""
-        if budget <= 0 or self.count == 0:
-            return torch.empty(0, dtype=torch.long, device=self.frontier.device)
-        order = torch.sort(self.scores, descending=True, stable=True).indices[:budget]
-        return order.sort().values
-
     def to_tree(self, root_token: int, budget: int, token_map=None, n_forwards: int = 0) -> DraftTree:
-        """The DraftTree of the root plus the ``budget`` best candidates.
+        """The DraftTree of the root plus the ``budget`` best candidates (by cumulative log-prob,
+        ties to the older candidate: :func:`specbench.tree.best_closed`).
 
         ``token_map`` turns candidate tokens into target ids (e.g. the head's d2t map).
         """
-        kept = self.select(budget)
-        device = kept.device
-        node_of = torch.full((self.count + 1,), -1, dtype=torch.long, device=device)  # last slot: the root (-1)
-        node_of[-1] = 0
-        node_of[kept] = torch.arange(1, kept.numel() + 1, device=device)
-        parent_nodes = node_of[self.parents[kept]] if kept.numel() else kept
-        if bool((parent_nodes < 0).any()):
-            raise AssertionError("dynamic tree selection is not ancestor-closed")
-        tokens = self.tokens[kept]
-        if token_map is not None:
+        device = self.frontier.device
+        tokens = self.tokens if self.count else torch.empty(0, dtype=torch.long, device=device)
+        if token_map is not None and self.count:
             tokens = token_map(tokens)
-        root = torch.tensor([int(root_token)], dtype=torch.long, device=device)
-        return DraftTree(
-            tokens=torch.cat([root, tokens.long()]),
-            parents=torch.cat([torch.tensor([-1], dtype=torch.long, device=device), parent_nodes]),
-            n_forwards=n_forwards,
-        )
+        # node 0 is the root, candidate c is node c + 1
+        all_tokens = torch.cat([torch.tensor([int(root_token)], dtype=torch.long, device=device), tokens.long()])
+        parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=device),
+                             (self.parents + 1) if self.count else torch.empty(0, dtype=torch.long, device=device)])
+        scores = torch.cat([torch.zeros(1, device=device), self.scores if self.count else torch.empty(0, device=device)])
+        keep = best_closed(scores, parents, budget + 1)
+        kept_tokens, kept_parents = subtree(all_tokens, parents, keep)
+        return DraftTree(tokens=kept_tokens, parents=kept_parents, n_forwards=n_forwards)
