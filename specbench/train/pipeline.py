@@ -84,7 +84,7 @@ def validate(job: TrainJob) -> tuple[type, Any]:
     recipe = parse_config(training.Recipe, list(job.options))
     world = from_env()
     n_procs = 1 if world is None else world.size
-    if getattr(recipe, "shards", 1) == 0:
+    if recipe.shards == 0:
         recipe = dataclasses.replace(recipe, shards=n_procs)
     if recipe.shards % n_procs:
         raise UserError(f"--set shards={recipe.shards} cannot be spread over {n_procs} processes; "
