@@ -215,6 +215,8 @@ def _match(rows: pd.DataFrame, rec: pd.Series, table: pd.DataFrame) -> pd.DataFr
             mask &= hashes == want
         elif rec.get("checkpoint_path"):
             mask &= paths.isin(str(rec["checkpoint_path"]).split("; "))
+        else:  # a row without weights matches only rows without weights, never another head's
+            mask &= (hashes == "") & (paths == "")
     return rows[mask].drop_duplicates(["prompt_id", "turn"], keep="first")
 
 
