@@ -34,7 +34,7 @@ from specbench.targets import load_target
 from specbench.tasks import load_task, render_chat
 from specbench.train.trainer import Batch
 from stopsearch import early_stop_prompt
-from test_verify import P_MIN, chi2_pvalue, first_token, first_token_probs
+from test_verify import P_MIN, chi2_pvalue, exact_two_token_probs, first_token, first_token_probs
 
 TARGETS = ["tiny-llama", "tiny-qwen3", "tiny-llama3"]
 MAX_NEW = 16
@@ -238,24 +238,9 @@ def sampled_prompt(target) -> torch.Tensor:
     return min(rows, key=lambda row: len(two_token_probs(target, row)))
 
 
-@torch.inference_mode()
 def two_token_probs(target, prompt: torch.Tensor, sampling: dict = SAMPLING) -> dict:
-    """P(first two generated tokens) from the target's own logits; (a, None) if a is a stop token."""
-    from specbench.verify import target_probs
-
-    s = Sampling(**sampling)
-    p1 = target_probs(target.model(input_ids=prompt[None], use_cache=False).logits[:, -1], s)[0]
-    support = torch.nonzero(p1).flatten()
-    ids = torch.cat([prompt.expand(len(support), -1), support[:, None]], dim=1)
-    p2 = target_probs(target.model(input_ids=ids, use_cache=False).logits[:, -1], s)
-    probs = {}
-    for a, row in zip(support.tolist(), p2):
-        if a in target.stop_token_ids:
-            probs[(a, None)] = float(p1[a])
-            continue
-        for b in torch.nonzero(row).flatten().tolist():
-            probs[(a, b)] = float(p1[a] * row[b])
-    return probs
+    """P(first two generated tokens) under ``sampling``, from the target's own logits."""
+    return exact_two_token_probs(target, prompt, sampling)
 
 
 def draw(setup: Setup, drafter: Drafter, prompt: torch.Tensor, sampling: dict, seed: int) -> tuple[Counter, int]:

@@ -390,9 +390,9 @@ def llama():
 
 
 @torch.inference_mode()
-def last_probs(target, ids: torch.Tensor) -> torch.Tensor:
+def last_probs(target, ids: torch.Tensor, sampling: dict = E2E_SAMPLING) -> torch.Tensor:
     """[B, V] sampling distribution after each row of ids [B, L] (plain forward, no cache)."""
-    return target_probs(target.model(input_ids=ids, use_cache=False).logits[:, -1], Sampling(**E2E_SAMPLING))
+    return target_probs(target.model(input_ids=ids, use_cache=False).logits[:, -1], Sampling(**sampling))
 
 
 @pytest.fixture(scope="module")
@@ -416,11 +416,11 @@ def e2e_prompts(llama):
     return {"draft": draft_prompt, "ngram": ngram_prompt}
 
 
-def exact_two_token_probs(target, prompt: torch.Tensor) -> dict:
+def exact_two_token_probs(target, prompt: torch.Tensor, sampling: dict = E2E_SAMPLING) -> dict:
     """P(first two generated tokens) from the model's own logits; (a, None) if a is a stop token."""
-    p1 = last_probs(target, prompt[None])[0]
+    p1 = last_probs(target, prompt[None], sampling)[0]
     support = torch.nonzero(p1).flatten()
-    p2 = last_probs(target, torch.cat([prompt.expand(len(support), -1), support[:, None]], dim=1))
+    p2 = last_probs(target, torch.cat([prompt.expand(len(support), -1), support[:, None]], dim=1), sampling)
     probs = {}
     for a, row in zip(support.tolist(), p2):
         if a in target.stop_token_ids:

@@ -19,12 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 from specbench import plots, report
 
-DPI = 150
 ADAPT_OPTION = "adapt"  # a drafter config option of this name marks an adaptive drafter (off / false = not adapting)
 _OFF = ("off", "false", "none", "no", "0", "")
 
@@ -38,15 +36,8 @@ class Figure:
 
 
 def _new(width: float, height: float, ncols: int = 1) -> tuple[MplFigure, list]:
-    fig = MplFigure(figsize=(width, height), dpi=DPI)
-    FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
-    for ax in axes:
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-    return fig, axes
+    """A figure with ``ncols`` axes in the house style (the one plots.py uses)."""
+    return plots._figure(width, height, ncols)
 
 
 def _finish(fig: MplFigure, title: str) -> MplFigure:
