@@ -23,6 +23,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from specbench import plots, report
 
+DPI = plots.DPI  # saved figures use the house resolution
 ADAPT_OPTION = "adapt"  # a drafter config option of this name marks an adaptive drafter (off / false = not adapting)
 _OFF = ("off", "false", "none", "no", "0", "")
 
