@@ -139,7 +139,8 @@ class CheckpointId:
         for key in sorted(state):
             t = state[key].detach().cpu().contiguous()
             h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            if t.numel():  # hashed in place through the buffer protocol (no copy of the bytes)
+                h.update(t.view(-1).view(torch.uint8).numpy())
         return CheckpointId(path, h.hexdigest())
 
 

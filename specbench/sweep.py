@@ -46,7 +46,7 @@ import re
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,18 @@ def _check_keys(table: Any, allowed, path: Path, where: str) -> dict:
     if unknown:
         raise UserError(_where(path, f"unknown key '{unknown[0]}' in {where}; known keys: {', '.join(allowed)}"))
     return table
+
+
+def _subset(entry: dict, key: str, noun: str, allowed, path, where: str) -> list[str] | None:
+    """``entry[key]``: a list restricting an entry to some of the sweep's ``key`` (None = all)."""
+    chosen = entry.get(key)
+    if chosen is None:
+        return None
+    chosen = _as_list(chosen, path, f"{key} of {where}", str)
+    for item in chosen:
+        if item not in allowed:
+            raise UserError(_where(path, f"{where} names {noun} '{item}', which is not in '{key}' ({', '.join(allowed)})"))
+    return chosen
 
 
 def _as_list(value: Any, path: Path, key: str, kind: type | tuple) -> list:
@@ -362,18 +374,8 @@ def _drafter(entry: dict, i: int, task_labels: list[str], targets: list[str], ba
                 parts += [] if drafter_path is None else [Path(drafter_path).name]
                 label = "-".join([name, *parts])
             variants.append((pairs, None if drafter_path is None else Path(drafter_path), label))
-    only_tasks = entry.get("tasks")
-    if only_tasks is not None:
-        only_tasks = _as_list(only_tasks, path, f"tasks of {where}", str)
-        for t in only_tasks:
-            if t not in task_labels:
-                raise UserError(_where(path, f"{where} names task '{t}', which is not in 'tasks' ({', '.join(task_labels)})"))
-    only_targets = entry.get("targets")
-    if only_targets is not None:
-        only_targets = _as_list(only_targets, path, f"targets of {where}", str)
-        for t in only_targets:
-            if t not in targets:
-                raise UserError(_where(path, f"{where} names target '{t}', which is not in 'targets' ({', '.join(targets)})"))
+    only_tasks = _subset(entry, "tasks", "task", task_labels, path, where)
+    only_targets = _subset(entry, "targets", "target", targets, path, where)
     return {
         "drafter": name, "variants": variants, "tasks": only_tasks, "targets": only_targets,
         "baseline": _scalar(entry, "baseline", bool, baseline, path, where),

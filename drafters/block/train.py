@@ -34,7 +34,6 @@ block efficiency a greedy chain would get with teacher-forced context.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

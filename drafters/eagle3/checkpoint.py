@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
-from drafters.common.loading import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 

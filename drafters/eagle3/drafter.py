@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from drafters.common.loading import random_identity, shipped_checkpoint
 from drafters.eagle3.checkpoint import read_eagle3

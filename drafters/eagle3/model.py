@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from drafters.common.kv_cache import KVCache
-from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_, rotate_half
+from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
 from drafters.common.rope import Rotary
 from drafters.common.shape import rope_from_config_dict, target_shape
 

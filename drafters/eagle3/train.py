@@ -43,7 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from drafters.eagle3.checkpoint import save_eagle3
-from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers, new_cache, rotate_half
+from drafters.common.nn import rotate_half
+from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers, new_cache
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
 

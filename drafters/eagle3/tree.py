@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specbench.tree import DraftTree, best_closed, subtree
+from specbench.tree import DraftTree, best_closed, root_only, subtree
 
 
 class DynamicTreeBuilder:
@@ -96,15 +96,14 @@ class DynamicTreeBuilder:
 
         ``token_map`` turns candidate tokens into target ids (e.g. the head's d2t map).
         """
-        device = self.frontier.device
-        tokens = self.tokens if self.count else torch.empty(0, dtype=torch.long, device=device)
-        if token_map is not None and self.count:
-            tokens = token_map(tokens)
+        if self.count == 0:
+            return root_only(root_token, device=self.frontier.device)
+        tokens = self.tokens if token_map is None else token_map(self.tokens)
+        root = torch.tensor([int(root_token)], dtype=torch.long, device=tokens.device)
         # node 0 is the root, candidate c is node c + 1
-        all_tokens = torch.cat([torch.tensor([int(root_token)], dtype=torch.long, device=device), tokens.long()])
-        parents = torch.cat([torch.tensor([-1], dtype=torch.long, device=device),
-                             (self.parents + 1) if self.count else torch.empty(0, dtype=torch.long, device=device)])
-        scores = torch.cat([torch.zeros(1, device=device), self.scores if self.count else torch.empty(0, device=device)])
+        all_tokens = torch.cat([root, tokens.long()])
+        parents = torch.cat([torch.full_like(root, -1), self.parents + 1])
+        scores = torch.cat([torch.zeros(1, device=tokens.device), self.scores])
         keep = best_closed(scores, parents, budget + 1)
         kept_tokens, kept_parents = subtree(all_tokens, parents, keep)
         return DraftTree(tokens=kept_tokens, parents=kept_parents, n_forwards=n_forwards)
