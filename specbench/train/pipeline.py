@@ -201,6 +201,13 @@ def _rank0_first(world, fn: Callable[[], Any]) -> Any:
     return fn()
 
 
+def _write_job_file(out: Path, content: dict) -> None:
+    """Replace the job file in one step, so a reader (a resume, another rank's validate) never sees half of it."""
+    tmp = out / (JOB_FILE + ".tmp")
+    tmp.write_text(json.dumps(content, indent=2, default=str) + "\n")
+    tmp.replace(out / JOB_FILE)
+
+
 def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, command, world) -> dict:
     from specbench.fetch import cache_root
     from specbench.results import env_fingerprint
@@ -212,12 +219,13 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
     lead = world is None or world.rank == 0
     report = progress or (lambda p: None)
     previous_seconds = 0.0
-    if (job.out / JOB_FILE).exists():  # a resumed run: wall time adds up over the calls
+    # Only the lead process reads and writes the job file (other ranks would race its rewrite).
+    if lead and (job.out / JOB_FILE).exists():  # a resumed run: wall time adds up over the calls
         previous_seconds = float(json.loads((job.out / JOB_FILE).read_text()).get("seconds", {}).get("all_calls", 0.0))
     wall_start = time.perf_counter()
     job.out.mkdir(parents=True, exist_ok=True)
     if lead and not (job.out / JOB_FILE).exists():  # the settings first, so a rerun with others is refused
-        (job.out / JOB_FILE).write_text(json.dumps({"job": _job_dict(job, recipe), "finished": False}, indent=2) + "\n")
+        _write_job_file(job.out, {"job": _job_dict(job, recipe), "finished": False})
     target = load_target(job)
     torch.manual_seed(recipe.seed)
     digest = target_digest(target)
@@ -290,9 +298,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
     if not lead:
         return summary
     job.out.mkdir(parents=True, exist_ok=True)
-    tmp = job.out / (JOB_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    tmp.replace(job.out / JOB_FILE)
+    _write_job_file(job.out, summary)
     if done:
         (job.out / "TRAINING.md").write_text(training_card(summary))
     return summary
