@@ -443,6 +443,110 @@ def sweep(
         raise typer.Exit(1)
 
 
+@app.command()
+def tune(
+    drafter: str = typer.Option(..., "--drafter", "-d", help="drafter name (see `specbench drafters`)"),
+    task: Optional[str] = typer.Option("humaneval", "--task", "-t", help="built-in task (see `specbench tasks`)"),
+    task_file: Optional[Path] = typer.Option(None, "--task-file", help="custom prompts: JSONL with id and prompt or turns"),
+    category: Optional[str] = typer.Option(None, "--category", help="only this category of the task"),
+    budgets: str = typer.Option("16,32,64,128", "--budgets", help="node budgets to run, comma-separated"),
+    hardware: List[str] = typer.Option([], "--hardware", help="also project onto this profile (repeatable; see `specbench hardware`)"),
+    budget_key: Optional[str] = typer.Option(None, "--budget-key", help="the drafter option the budget sets (default: budget, total_tokens or num_draft)"),
+    target: str = typer.Option("smollm2-135m", "--target", help="alias, random:CONFIG, local model directory or hub id"),
+    limit: int = typer.Option(10, "--limit", "-n", help="prompts per budget (0 = all)"),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    options: List[str] = typer.Option([], "--set", help="fixed drafter option key=value at every budget (repeatable)"),
+    drafter_path: Optional[Path] = typer.Option(None, "--drafter-path", help="checkpoint directory of a learned drafter"),
+    results_dir: Path = typer.Option(Path("results/tune"), "--results-dir", help="where the runs go (finished ones are reused)"),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="pair with the AR baseline (needed for the measured speedup)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+    executor: str = typer.Option("local", "--executor", help="local or ray (as `specbench sweep`)"),
+    address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster"),
+    out_dir: Path = typer.Option(Path("reports/figures"), "--out-dir", help="where the figure goes"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """The best budget per device: run (or reuse) a drafter at each budget, then tau, measured and projected speedups."""
+    import json
+
+    from specbench import sweep as sweeps
+    from specbench import tune as tuning
+
+    if fmt not in ("table", "json"):
+        raise UserError(f"unknown --format '{fmt}'; use table or json")
+    if executor not in sweeps.EXECUTORS:
+        raise UserError(f"unknown --executor '{executor}'; use local or ray")
+    spec = tuning.TuneSpec(
+        drafter=drafter, task=None if task_file else task, task_file=task_file, category=category,
+        budgets=tuning.parse_budgets(budgets), hardware=tuple(hardware), target=target, limit=limit, seed=seed,
+        max_new_tokens=max_new_tokens, temperature=temperature, options=tuple(options), drafter_path=drafter_path,
+        budget_key=budget_key, results_dir=results_dir, baseline=baseline, device=device, dtype=dtype, executor=executor,
+    )
+    plan, key, sweep_file = tuning.write_sweep(spec)
+    failed: list = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        overall = bar.add_task(f"tune {drafter}", total=len(plan.cells), label="")
+        current = bar.add_task("cell", total=None, label="", visible=plan.executor == "local")
+
+        def start(cell) -> None:
+            bar.update(current, description=cell.name, completed=0, total=None, label="")
+
+        def finish(result) -> None:
+            bar.update(overall, advance=1, label=f"{result.cell.name}: {result.status}")
+            if result.status == "failed":
+                failed.append(result)
+                err_console.print(f"[red]failed:[/] {result.cell.name}: {result.error}", highlight=False, soft_wrap=True)
+
+        def cell_progress(done: int, total: int, label: str) -> None:
+            bar.update(current, completed=done, total=total, label=label)
+
+        try:
+            sweeps.run_sweep(plan, sweeps.Events(start, finish, cell_progress), address)
+        except KeyboardInterrupt:
+            err_console.print("interrupted; finished budgets are kept — rerun the same command to continue",
+                              highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+    result = tuning.collect(plan, spec, key, sweep_file)
+    machine = ""
+    if result.rows:
+        import pandas as pd
+
+        first = pd.read_parquet(result.rows[0]["file"], columns=["device_name"])
+        machine = str(first["device_name"].iloc[0]) if len(first) else ""
+    figure = None
+    if result.rows:
+        figure = tuning.plot_tune(result, out_dir / f"{tuning.file_stem(spec)}.png", machine)
+    if fmt == "json":
+        typer.echo(json.dumps({**result.as_json(), "machine": machine, "figure": None if figure is None else str(figure)}))
+    else:
+        table = Table(title=f"{drafter} on {target} · {tuning.task_label(spec)}: tau and decode speedup (ratio of sums) by {key}")
+        table.add_column(key, justify="right")
+        table.add_column("prompts", justify="right")
+        table.add_column("mean tree", justify="right")
+        table.add_column("tau", justify="right")
+        for device in result.devices:
+            table.add_column(f"measured ({machine})" if device == tuning.MEASURED else f"{device} (projected)", justify="right")
+        for r in result.rows:
+            table.add_row(str(r["budget"]), str(r["n_prompts"]), _fmt(r["mean_tree_size"], 1), _fmt(r["tau"], 2),
+                          *(_fmt(tuning.speedup_of(r, d), 2) for d in result.devices))
+        out_console.print(table)
+        best = Table(title="the best budget per device")
+        for col in ("device", "kind", f"best {key}", "decode speedup", "tau"):
+            best.add_column(col, justify="left" if col in ("device", "kind") else "right")
+        for b in result.best:
+            name = machine if b["device"] == tuning.MEASURED and machine else b["device"]
+            best.add_row(name, b["kind"], _fmt(b["best_budget"]), _fmt(b["decode_speedup_sum"], 2), _fmt(b["tau"], 2))
+        out_console.print(best)
+        if not baseline:
+            out_console.print("no measured speedup: --no-baseline skips the AR baseline")
+        out_console.print(f"sweep file: {sweep_file}" + (f"\nfigure: {figure}" if figure is not None else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
 # ---------------------------------------------------------------------------- hardware profiles
 
 hardware_app = typer.Typer(help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",
