@@ -25,7 +25,7 @@ from drafters.block.drafter import (
     DFlashConfig, DFlashDrafter, JetSpecConfig, JetSpecDrafter, TreeFlashConfig, TreeFlashDrafter, transition_tables,
 )
 from drafters.block.model import BlockModel, ContextCache, build_target_layer_ids, random_block_model
-from drafters.block.train import draw_anchors
+from drafters.block.train import select_anchors
 from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
 from specbench.decode import generate
 from specbench.drafter import Sampling, available_drafters, parse_config
@@ -180,11 +180,12 @@ def test_anchor_draw():
     valid = torch.ones(2, 12, dtype=torch.bool)
     valid[1, 11] = False
     batch = Batch(tokens, loss, valid, torch.zeros(2, 12, 1, 1), torch.zeros(2, 12, dtype=torch.long))
-    anchors, ok = draw_anchors(batch, 1000, seed=0)
-    got = {(s, int(anchors[s, a])) for s, a in ok.nonzero().tolist()}
-    assert got == {(0, p) for p in range(4, 9)} | {(1, p) for p in range(2, 10)}
-    anchors, ok = draw_anchors(batch, 5, seed=1)
-    assert int(ok.sum()) == 5
+    for cap in (0, 1000):  # every valid anchor
+        anchors, ok = select_anchors(batch, cap, seed=0)
+        got = {(s, int(anchors[s, a])) for s, a in ok.nonzero().tolist()}
+        assert got == {(0, p) for p in range(4, 9)} | {(1, p) for p in range(2, 10)}
+    anchors, ok = select_anchors(batch, 3, seed=1)
+    assert ok.sum(1).tolist() == [3, 3]
     assert all(bool(loss[s, anchors[s, a]] & loss[s, anchors[s, a] + 1]) for s, a in ok.nonzero().tolist())
 
 
@@ -296,10 +297,10 @@ def test_gap_caps():
 
 
 def test_chain_tree():
-    logits = torch.randn(7, 20, generator=torch.Generator().manual_seed(0))
-    tree = chain_tree(5, logits, budget=16)
-    assert tree.tokens.tolist() == [5] + logits.argmax(-1).tolist() and tree.parents.tolist() == list(range(-1, 7))
-    assert chain_tree(5, logits, budget=3).size == 3
+    tokens = torch.randint(0, 20, (7,), generator=torch.Generator().manual_seed(0))
+    tree = chain_tree(5, tokens, budget=16)
+    assert tree.tokens.tolist() == [5] + tokens.tolist() and tree.parents.tolist() == list(range(-1, 7))
+    assert chain_tree(5, tokens, budget=3).size == 3
 
 
 # --------------------------------------------------------------------------- transition tables
@@ -583,7 +584,7 @@ def test_cli_train_all_three_families(setups, tmp_path, monkeypatch, wide_consol
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     common = ["--target", "tiny-llama", "--data", "mbpp-train", "--budget-tokens", "600", "--heldout-tokens", "150",
               "--no-regenerate", "--set", "epochs=1", "--set", "batch_tokens=512", "--set", "block_size=8",
-              "--set", "anchors_per_batch=64"]
+              "--set", "anchors_per_sequence=64"]
     outs = {}
     for family, extra in (("dflash", []), ("treeflash", ["--set", f"backbone={tmp_path / 'dflash'}"]), ("jetspec", [])):
         outs[family] = tmp_path / family

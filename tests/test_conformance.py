@@ -150,24 +150,35 @@ def greedy_batch(target, sequences: list[torch.Tensor], layers: tuple[int, ...])
     return Batch(tokens, valid.clone(), valid, hidden, argmax)
 
 
-def fitted_checkpoint(setup: Setup, name: str, tmp_root: Path) -> Path:
-    """A checkpoint of drafter ``name`` trained FIT_STEPS Adam steps on the target's greedy text.
+def recipe_options(name: str, options: tuple[str, ...]) -> tuple[str, ...]:
+    """The case's options that are also fields of the family's training recipe and not already in
+    its ``test_recipe`` (e.g. a reduced ``draft_vocab_size``): a variant is fitted as itself."""
+    import dataclasses
+
+    training = drafter_class(name).training()
+    fields = {f.name for f in dataclasses.fields(training.Recipe)}
+    return tuple(o for o in options if o.split("=", 1)[0] in fields and o not in training.test_recipe)
+
+
+def fitted_checkpoint(setup: Setup, name: str, tmp_root: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A checkpoint of drafter ``name`` trained FIT_STEPS Adam steps on the target's greedy text
+    (``extra``: recipe options of the variant).
 
     Fitted once per test session: under pytest-xdist the workers share ``tmp_root`` and a file
     lock, so the second worker to ask loads what the first one wrote (the fit is seeded)."""
     from filelock import FileLock
 
-    out = tmp_root / f"{name}-{setup.target.name}"
+    out = tmp_root / "-".join([name, setup.target.name, *(o.replace("=", "") for o in extra)])
     with FileLock(str(out) + ".lock"):
         if not (out / "done").exists():
-            fit_and_save(setup, name, out)
+            fit_and_save(setup, name, out, extra)
             (out / "done").write_text("ok\n")
     return out
 
 
-def fit_and_save(setup: Setup, name: str, out: Path) -> None:
+def fit_and_save(setup: Setup, name: str, out: Path, extra: tuple[str, ...] = ()) -> None:
     training = drafter_class(name).training()
-    recipe = parse_config(training.Recipe, list(training.test_recipe))
+    recipe = parse_config(training.Recipe, [*training.test_recipe, *extra])
     seqs = setup.sequences()
     ids = [s.tolist() for s in seqs]
     trainable = training(setup.target, recipe, ids, [[1] * len(x) for x in ids])
@@ -193,7 +204,8 @@ def build(setup: Setup, case: Case, tmp_root: Path) -> Drafter:
     if case.weights == "random":
         opts.append("path=random")
     elif case.weights == "fitted":
-        opts.append(f"path={fitted_checkpoint(setup, case.drafter, tmp_root)}")
+        extra = recipe_options(case.drafter, case.options)
+        opts.append(f"path={fitted_checkpoint(setup, case.drafter, tmp_root, extra)}")
     return cls(setup.target, parse_config(cls.Config, opts))
 
 

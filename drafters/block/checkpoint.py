@@ -25,6 +25,11 @@ that uses a spare id of the target keeps the plain upstream layout (no file). Lo
 ``mask_embedding.pt`` (the vector vLLM uses), and still reads specbench's older layout (a
 ``mask_embedding`` key in ``model.safetensors`` with ``mask_token_id: null``).
 
+The reduced draft vocabulary variant (ours) adds a top-level ``draft_vocab_size`` (EAGLE-3's key)
+and ``specbench.reduced_draft_vocabulary: true`` to config.json and EAGLE-3's ``d2t`` [Vd] int64 /
+``t2d`` [V] bool to ``model.safetensors`` (unprefixed in every layout); loading refuses it without
+valid maps. Upstream code cannot serve such a head; the full-vocabulary layout is unchanged.
+
 A TreeFlash correction narrower than ``intermediate_size`` is recorded as
 ``treeflash_config.ar_intermediate_size`` (upstream always uses ``intermediate_size``).
 
@@ -44,6 +49,7 @@ from drafters.block.model import BlockConfig, BlockModel, build_target_layer_ids
 from drafters.common.loading import check_made_for, load_checked, read_config, read_weights
 from drafters.common.rope import rope_parameters
 from drafters.common.shape import rope_from_config_dict
+from drafters.common.vocab import check_vocab_maps
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
@@ -55,8 +61,9 @@ _KNOWN = {
     "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "max_position_embeddings", "block_size", "num_target_layers", "layer_types", "dflash_config", "treeflash_config",
     "is_causal", "specbench", "torch_dtype", "dtype", "tie_word_embeddings", "hidden_act", "attention_bias",
-    "target_hidden_size",
+    "target_hidden_size", "draft_vocab_size",
 }
+VOCAB_MAPS = ("d2t", "t2d")  # the reduced draft vocabulary's maps (EAGLE-3's), unprefixed in every layout
 
 
 def config_dict(cfg: BlockConfig, layout: str) -> dict:
@@ -88,6 +95,9 @@ def config_dict(cfg: BlockConfig, layout: str) -> dict:
         out["treeflash_config"] = tf
     if cfg.mask_token_id is None:
         out["specbench"] = dict(out.get("specbench", {}), learned_mask_embedding=True)
+    if cfg.reduced_vocab:  # ours (EAGLE-3's key): upstream DFlash / JetSpec / TreeFlash code cannot serve it
+        out["draft_vocab_size"] = cfg.draft_vocab_size
+        out["specbench"] = dict(out.get("specbench", {}), reduced_draft_vocabulary=True)
     return out
 
 
@@ -125,6 +135,7 @@ def config_from_dict(d: dict) -> BlockConfig:
         max_position_embeddings=int(d.get("max_position_embeddings") or 8192),
         target_hidden_size=d.get("target_hidden_size"), mask_token_id=dflash.get("mask_token_id", d.get("mask_token_id")),
         causal=causal, ar_approximation=tf.get("ar_approximation"), ar_intermediate_size=tf.get("ar_intermediate_size"),
+        draft_vocab_size=int(d["draft_vocab_size"]) if d.get("draft_vocab_size") else None,
         extra={k: v for k, v in d.items() if k not in _KNOWN} | ({"candidate_tokens": tf["candidate_tokens"]} if "candidate_tokens" in tf else {}),
     )
 
@@ -136,7 +147,7 @@ def state_dict_for(model: BlockModel, layout: str) -> dict[str, torch.Tensor]:
         if any(k.startswith("ar_approximation.") for k in state):
             raise ValueError(f"a {layout} checkpoint has no ar_approximation; save it in the treeflash layout")
         return state
-    return {(k if k.startswith("ar_approximation.") else f"model.{k}"): v for k, v in state.items()}
+    return {(k if k.startswith("ar_approximation.") or k in VOCAB_MAPS else f"model.{k}"): v for k, v in state.items()}
 
 
 def save_block(model: BlockModel, path: str | Path, layout: str) -> Path:
@@ -194,6 +205,13 @@ def read_block(path: str | Path, target, family: str) -> tuple[BlockModel, Check
     elif cfg.mask_token_id is None and "mask_embedding" not in state:
         raise UserError(f"{where} has mask_token_id null but no {MASK_EMBEDDING_NAME}: it needs a mask token id "
                         "or the learned mask embedding")
+    if cfg.reduced_vocab:
+        missing = [k for k in VOCAB_MAPS if k not in state]
+        if missing:
+            raise UserError(f"{where} has draft_vocab_size {cfg.draft_vocab_size} but no {' / '.join(missing)} vocabulary "
+                            "map; it must ship with the checkpoint (a wrong map silently collapses acceptance)")
+        check_vocab_maps(state["d2t"], state["t2d"], where)
+        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
     model = BlockModel(cfg)
     load_checked(model, state, where, "a block drafter with this config.json")
     return model.to(device=target.device, dtype=target.dtype).eval(), identity

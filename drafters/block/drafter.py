@@ -44,6 +44,13 @@ class _Common:
     seed: int = 0  # random init only
     num_layers: int = 2  # random init only: drafter layers (= tapped target layers)
     block_size: int = 16  # random init only
+    # random init only: a reduced draft vocabulary of this many (seeded random) ids, the variant's
+    # shape (0 = the target's vocabulary); a checkpoint brings its own size and d2t/t2d maps
+    draft_vocab_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size < 0:
+            raise ValueError("draft_vocab_size must be >= 0 (0 = the target's vocabulary)")
 
 
 class _BlockDrafter(Drafter):
@@ -58,7 +65,8 @@ class _BlockDrafter(Drafter):
         if config.path == "random":
             self.model: BlockModel = random_block_model(
                 target, seed=config.seed, num_hidden_layers=config.num_layers, block_size=config.block_size,
-                causal=self.backbone.causal, ar_approximation=self.backbone.ar_approximation, **self.random_extra())
+                causal=self.backbone.causal, ar_approximation=self.backbone.ar_approximation,
+                draft_vocab_size=config.draft_vocab_size or None, **self.random_extra())
             self.checkpoint = random_identity(self.model, config.seed)
         else:
             src = shipped_checkpoint(self.family, target.name) if config.path == "auto" else config.path
@@ -66,7 +74,8 @@ class _BlockDrafter(Drafter):
         self.backbone.check(self.model, self.family)
         self.feature_layers: tuple[int, ...] = self.model.config.feature_layers
         self.embed = target.model.get_input_embeddings().weight  # the target's, never copied
-        self.lm_head = target.model.get_output_embeddings().weight
+        # the rows of the target's lm_head the head scores (the target's own tensor when the vocabulary is full)
+        self.lm_head = self.model.draft_lm_head(target.model.get_output_embeddings().weight)
         self.reset(Sampling())
 
     def random_extra(self) -> dict:
@@ -99,8 +108,13 @@ class _BlockDrafter(Drafter):
         raise NotImplementedError
 
     def depth_logits(self, hidden: Tensor) -> Tensor:
-        """[B-1, V] float32 logits of depths 1..B-1."""
+        """[B-1, Vd] float32 logits of depths 1..B-1 (over the draft vocabulary: :meth:`top` maps ids)."""
         return self.model.logits(hidden[1:], self.lm_head).float()
+
+    def top(self, logp: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The top-``k`` (target ids, scores) of every row of ``logp`` [..., Vd]."""
+        top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+        return self.model.to_target_ids(top.indices), top.values
 
 
 # --------------------------------------------------------------------------- DFlash
@@ -124,7 +138,8 @@ class DFlashDrafter(_BlockDrafter):
     Config = DFlashConfig
     family = "dflash"
     backbone = BIDIRECTIONAL
-    test_options = (("block_size=8",), ("block_size=8", "tree=marginal", "budget=20", "top_k=4"))
+    test_options = (("block_size=8",), ("block_size=8", "tree=marginal", "budget=20", "top_k=4"),
+                    ("block_size=8", "tree=marginal", "budget=20", "top_k=4", "draft_vocab_size=64"))
 
     @classmethod
     def training(cls):
@@ -133,9 +148,9 @@ class DFlashDrafter(_BlockDrafter):
     def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
         logits = self.depth_logits(hidden)
         if self.config.tree == "chain":
-            return chain_tree(root, logits.cpu(), self.config.budget)
-        top = torch.topk(torch.log_softmax(logits, dim=-1), min(self.config.top_k, logits.shape[-1]), dim=-1)
-        return kbest_tree(root, *marginal_tables(top.indices, top.values), self.config.budget)
+            return chain_tree(root, self.model.to_target_ids(logits.argmax(-1)).cpu(), self.config.budget)
+        return kbest_tree(root, *marginal_tables(*self.top(torch.log_softmax(logits, dim=-1), self.config.top_k)),
+                          self.config.budget)
 
 
 # --------------------------------------------------------------------------- JetSpec
@@ -163,7 +178,8 @@ class JetSpecDrafter(_BlockDrafter):
     family = "jetspec"
     backbone = CAUSAL
     test_options = (("block_size=8", "budget=20", "width=4"), ("block_size=8", "budget=20", "width=4", "tree=kbest"),
-                    ("block_size=8", "budget=20", "width=4", "gap_cap=2.0"))
+                    ("block_size=8", "budget=20", "width=4", "gap_cap=2.0"),
+                    ("block_size=8", "budget=20", "width=4", "draft_vocab_size=64"))
 
     @classmethod
     def training(cls):
@@ -172,11 +188,11 @@ class JetSpecDrafter(_BlockDrafter):
     def build_tree(self, root: int, hidden: Tensor) -> DraftTree:
         cfg = self.config
         logp = torch.log_softmax(self.depth_logits(hidden), dim=-1)
-        top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
+        tokens, values = self.top(logp, cfg.width)
         if cfg.tree == "kbest":
-            return kbest_tree(root, *marginal_tables(top.indices, top.values), cfg.budget)
-        caps = gap_caps(top.values, cfg.gap_cap, cfg.width) if cfg.gap_cap > 0 else None
-        return accum_logp_tree(root, top.indices.cpu(), top.values.cpu(), cfg.budget, caps)
+            return kbest_tree(root, *marginal_tables(tokens, values), cfg.budget)
+        caps = gap_caps(values, cfg.gap_cap, cfg.width) if cfg.gap_cap > 0 else None
+        return accum_logp_tree(root, tokens.cpu(), values.cpu(), cfg.budget, caps)
 
 
 # --------------------------------------------------------------------------- TreeFlash
@@ -202,10 +218,10 @@ def transition_tables(model: BlockModel, hidden: Tensor, root_embed: Tensor, emb
     depth d-1 (the root at depth 1) as the previous token, the top-k next tokens under the corrected
     logits. Returns tokens, log-probs and next-row indices, each [B-1, m, k] (next row: the index of
     the token among depth d's top-m candidates, -1 if it is not one, always -1 at the last depth)."""
-    marg = model.logits(hidden[:-1], lm_head)  # [B-1, V]: positions 0..B-2 (row 0 is replaced by the root)
+    marg = model.logits(hidden[:-1], lm_head)  # [B-1, Vd]: positions 0..B-2 (row 0 is replaced by the root)
     m = min(top_m, marg.shape[-1])
-    cand = marg.topk(m, dim=-1).indices  # [B-1, m]
-    prev = embed[cand].to(hidden.dtype)  # [B-1, m, H]
+    cand = marg.topk(m, dim=-1).indices  # [B-1, m] draft ids
+    prev = embed[model.to_target_ids(cand)].to(hidden.dtype)  # [B-1, m, H]
     prev[0] = root_embed.to(hidden.dtype)
     h = hidden[1:, None, :].expand(-1, m, -1)  # depth d = block position d
     logp = torch.log_softmax(model.logits(model.corrected(h, prev), lm_head).float() / temperature, dim=-1)
@@ -214,7 +230,7 @@ def transition_tables(model: BlockModel, hidden: Tensor, root_embed: Tensor, emb
     match = tokens[:-1, :, :, None] == cand[1:, None, None, :]  # [B-2, m, k, m]: child among depth d+1's candidates
     nxt = torch.where(match.any(-1), match.float().argmax(-1), torch.full_like(tokens[:-1], -1))
     nxt = torch.cat([nxt, torch.full_like(tokens[:1], -1)], dim=0)
-    return tokens.cpu(), top.values.cpu(), nxt.cpu()
+    return model.to_target_ids(tokens).cpu(), top.values.cpu(), nxt.cpu()
 
 
 class TreeFlashDrafter(_BlockDrafter):
@@ -223,7 +239,8 @@ class TreeFlashDrafter(_BlockDrafter):
     family = "treeflash"
     backbone = BIDIRECTIONAL_WITH_CORRECTION
     test_options = (("block_size=8", "budget=20", "top_m=4", "top_k=4"),
-                    ("block_size=8", "budget=12", "top_m=2", "top_k=3"))
+                    ("block_size=8", "budget=12", "top_m=2", "top_k=3"),
+                    ("block_size=8", "budget=20", "top_m=4", "top_k=4", "draft_vocab_size=64"))
 
     @classmethod
     def training(cls):
@@ -240,8 +257,8 @@ class TreeFlashDrafter(_BlockDrafter):
                                        cfg.temperature)
             return kbest_tree(root, *tables, cfg.budget, n_forwards=2)
         logits = self.depth_logits(hidden)
-        top = torch.topk(torch.log_softmax(logits / cfg.temperature, dim=-1), min(cfg.top_k, logits.shape[-1]), dim=-1)
-        return kbest_tree(root, *marginal_tables(top.indices, top.values), cfg.budget)
+        return kbest_tree(root, *marginal_tables(*self.top(torch.log_softmax(logits / cfg.temperature, dim=-1), cfg.top_k)),
+                          cfg.budget)
 
 
 __all__ = ["DFlashDrafter", "DFlashConfig", "JetSpecDrafter", "JetSpecConfig", "TreeFlashDrafter", "TreeFlashConfig",

@@ -14,8 +14,15 @@ released ones, so a ``state_dict`` is a z-lab DFlash checkpoint's key set::
     norm.weight                                 [H]          final norm before the target's lm_head
 
 plus, when present: ``mask_embedding`` [H] (ours: a learned mask embedding for targets with no
-spare token id; upstream uses a reserved id of the target's embedding) and TreeFlash's
-``ar_approximation.{ug.weight, ug.bias, d.weight, norm.weight}``.
+spare token id; upstream uses a reserved id of the target's embedding), TreeFlash's
+``ar_approximation.{ug.weight, ug.bias, d.weight, norm.weight}``, and ``d2t`` [Vd] / ``t2d`` [V] of
+the reduced draft vocabulary variant.
+
+Reduced draft vocabulary (``draft_vocab_size`` < ``vocab_size``; ours, an explicit named variant,
+never the default): the head scores only ``Vd`` target ids, through the rows of the TARGET's
+lm_head for those ids (nothing new is learned: the variant buys a ``V / Vd`` cheaper lm_head and
+loss). The ids and their maps are EAGLE-3's (:mod:`drafters.common.vocab`): draft id i is target
+id ``i + d2t[i]``. The paper-faithful head scores the whole vocabulary and has no maps.
 
 Context injection (every layer): the context stream ``c = hidden_norm(fc(features))`` is not
 updated by the layers; in layer l its keys/values are ``k_proj_l(c)``, ``v_proj_l(c)`` (the same
@@ -50,6 +57,7 @@ from drafters.common.kv_cache import LayerCaches
 from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
 from drafters.common.rope import Rotary
 from drafters.common.shape import target_shape
+from drafters.common.vocab import random_vocabulary, target_ids_of, vocab_maps
 from specbench.errors import UserError
 
 
@@ -84,6 +92,7 @@ class BlockConfig:
     causal: bool = False  # JetSpec's causal block mask (``dflash_config.causal_head``)
     ar_approximation: str | None = None  # TreeFlash: "swiglu" or None
     ar_intermediate_size: int | None = None  # TreeFlash MLP width; None = intermediate_size (upstream)
+    draft_vocab_size: int | None = None  # ours: a reduced draft vocabulary (d2t/t2d); None = the target's (upstream)
     extra: dict = field(default_factory=dict, compare=False)  # other config.json keys, kept on save
 
     def __post_init__(self) -> None:
@@ -95,6 +104,13 @@ class BlockConfig:
             raise ValueError("target_layer_ids must name at least one target layer")
         if self.ar_approximation not in (None, "swiglu"):
             raise ValueError(f"ar_approximation must be 'swiglu' or null, got {self.ar_approximation!r}")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"need 0 < draft_vocab_size <= vocab_size, got {self.draft_vocab_size} and {self.vocab_size}")
+
+    @property
+    def reduced_vocab(self) -> bool:
+        """True for the reduced draft vocabulary variant (a head over fewer ids than the target's)."""
+        return self.draft_vocab_size is not None and self.draft_vocab_size < self.vocab_size
 
     @property
     def dim_per_head(self) -> int:
@@ -232,6 +248,11 @@ class BlockModel(nn.Module):
         if config.ar_approximation == "swiglu":
             inter = config.ar_intermediate_size or config.intermediate_size
             self.ar_approximation = SwiGLUApproximation(config.hidden_size, inter)
+        if config.reduced_vocab:  # the first Vd ids until set_vocab_mapping / a checkpoint fills them
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[: config.draft_vocab_size] = True
+            self.register_buffer("t2d", t2d)
         # transformers' own RoPE for the target's rope_scaling; a constant buffer, not saved
         self.rotary = Rotary(config.dim_per_head, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
 
@@ -251,8 +272,44 @@ class BlockModel(nn.Module):
         return self.rotary(positions, dtype)
 
     def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
-        """Pre-norm hidden states [..., H] -> logits through the target's lm_head weight [V, H]."""
+        """Pre-norm hidden states [..., H] -> logits through ``lm_head`` [Vd, H]: :meth:`draft_lm_head`
+        of the target's (the target's own weight when the vocabulary is full)."""
         return self.norm(hidden) @ lm_head.T
+
+    # ------------------------------------------------------------ the draft vocabulary
+    def draft_ids(self) -> Tensor | None:
+        """[Vd] target ids of the draft vocabulary (draft id order), None for the full vocabulary."""
+        return target_ids_of(self.d2t) if self.config.reduced_vocab else None
+
+    def draft_lm_head(self, lm_head: Tensor) -> Tensor:
+        """The rows of the target's lm_head [V, H] this head scores ([Vd, H]; ``lm_head`` itself when full)."""
+        ids = self.draft_ids()
+        return lm_head if ids is None else lm_head[ids.to(lm_head.device)]
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        """Draft ids (indices into :meth:`logits`' last dim) -> target ids."""
+        if not self.config.reduced_vocab:
+            return draft_ids
+        d2t = self.d2t.to(draft_ids.device)
+        return draft_ids + d2t[draft_ids]
+
+    def draft_index(self) -> Tensor | None:
+        """[V] draft id of every target id, -1 outside the draft vocabulary (None when full)."""
+        ids = self.draft_ids()
+        if ids is None:
+            return None
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        index[ids] = torch.arange(ids.numel(), device=ids.device)
+        return index
+
+    @torch.no_grad()
+    def set_vocab_mapping(self, target_ids: Tensor) -> None:
+        """Make the draft vocabulary ``target_ids`` ([Vd] distinct target ids, order kept)."""
+        if not self.config.reduced_vocab or torch.as_tensor(target_ids).numel() != self.config.draft_vocab_size:
+            raise ValueError(f"need {self.config.draft_vocab_size} ids for a reduced draft vocabulary")
+        d2t, t2d = vocab_maps(torch.as_tensor(target_ids).cpu(), self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
 
     def corrected(self, hidden: Tensor, prev_embeds: Tensor) -> Tensor:
         """TreeFlash: pre-norm hidden [..., H] corrected by the previous token's embedding [..., H]."""
@@ -285,17 +342,26 @@ class BlockModel(nn.Module):
         root positions; context [S, T, H] the context stream of every position. Block (s, a) sees
         context rows < anchors[s, a] and its own block. Returns pre-norm hidden states [S, A, B, H].
         """
+        return self.forward_anchors_kv(block, anchors, self.context_kv(context))
+
+    def context_kv(self, context: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's context keys and values [S, nkv, T, hd] from the context stream [S, T, H]
+        (at positions 0..T-1): computed once per batch, shared by every chunk of anchors."""
+        ctx_pos = torch.arange(context.shape[1], device=context.device)
+        cos_c, sin_c = self.rope(ctx_pos, context.dtype)  # [T, hd]
+        return [layer.self_attn.kv(context, cos_c, sin_c) for layer in self.layers]
+
+    def forward_anchors_kv(self, block: Tensor, anchors: Tensor, kv: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """:meth:`forward_anchors` from :meth:`context_kv`'s keys and values."""
         s, a, b, _ = block.shape
-        t = context.shape[1]
+        t = kv[0][0].shape[-2]
         device = block.device
         ctx_pos = torch.arange(t, device=device)
-        cos_c, sin_c = self.rope(ctx_pos, block.dtype)  # [T, hd]
         block_pos = anchors[..., None] + torch.arange(b, device=device)  # [S, A, B]
         cos_b, sin_b = self.rope(block_pos, block.dtype)  # [S, A, B, hd]
         visible = (ctx_pos[None, None, :] < anchors[..., None])[:, :, None, None, :]  # [S, A, 1, 1, T]
         h = block
-        for layer in self.layers:
-            k_ctx, v_ctx = layer.self_attn.kv(context, cos_c, sin_c)  # [S, nkv, T, hd]
+        for layer, (k_ctx, v_ctx) in zip(self.layers, kv):
             h = layer(h, cos_b, sin_b, k_ctx[:, None], v_ctx[:, None], visible, self.config.causal)
         return h
 
@@ -330,7 +396,10 @@ def random_block_model(target, seed: int = 0, **overrides: Any) -> BlockModel:
     """A seeded random-init block drafter for ``target`` (tests, training start)."""
     cfg = BlockConfig.for_target(target, **overrides)
     model = BlockModel(cfg)
-    model.init_random(torch.Generator().manual_seed(seed), float(getattr(target.model.config, "initializer_range", 0.02)))
+    g = torch.Generator().manual_seed(seed)
+    model.init_random(g, float(getattr(target.model.config, "initializer_range", 0.02)))
+    if cfg.reduced_vocab:  # a seeded random subset of the target's ids
+        model.set_vocab_mapping(random_vocabulary(cfg.draft_vocab_size, cfg.vocab_size, g))
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 

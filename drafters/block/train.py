@@ -1,10 +1,18 @@
 """Training the block drafters over cached target features: anchor blocks (SpecForge's DFlash recipe).
 
 Anchors. In a batch, every position a whose token and next token are both assistant (loss) tokens
-may be an anchor; ``anchors_per_batch`` of them are drawn without replacement (the draw is seeded
-by the recipe seed, the batch and the current weights, so a resumed run draws what an
-uninterrupted one would). Upstream draws up to 512 anchors per sequence of a few thousand tokens;
-on this CPU a batch of 2,048 tokens gets 128 by default, about one anchor in ten per epoch.
+is a valid anchor. Training takes every valid anchor of a sequence up to ``anchors_per_sequence``
+(512, upstream's ``num_anchors`` in SpecForge's ``OnlineDFlashModel``; answers regenerated at 256
+new tokens never have more), a seeded sample beyond that (the seed mixes the recipe seed, the
+batch, the current weights and the sequence's tokens, so a resumed run draws what an uninterrupted
+one would). The held-out evaluation takes every valid anchor of the held-out conversations, with no
+randomness: the same anchors for every checkpoint and every family.
+
+Chunks. The blocks of a batch run ``anchor_chunk`` anchors at a time against the context keys and
+values computed once for the batch, and the lm_head and loss run on ``logit_chunk`` scored rows at
+a time; the trainer's :meth:`BlockTraining.backward` backpropagates each chunk as soon as its loss
+is known (then the context part once), so memory holds one chunk, never [anchors * (B-1), V]
+logits, and the gradient is exactly the whole batch's.
 
 Block. Anchor a gives the block [x[a], MASK x (B-1)] at positions a..a+B-1. It sees the context
 rows (the target's states) at positions < a and its own block, nothing of other blocks: exactly
@@ -28,7 +36,17 @@ Losses (weights exp(-(k-1)/gamma), gamma 7 for B = 16, 4 for B = 8, as DFlash):
 Metrics (held-out, per depth d = k): ``acc_{d-1}``, the share of scored rows where the drafter's
 top-1 equals the target's top-1 after the true prefix (the greedy acceptance test), and
 ``loss_{d-1}``; ``chain_tau``, 1 + the run of leading top-1 agreements of an anchor's block: the
-block efficiency a greedy chain would get with teacher-forced context.
+block efficiency a greedy chain would get with teacher-forced context. Held-out only, the
+root-sensitivity probe (:mod:`specbench.train.probe`): ``shuffled_root_acc_0``, depth-1 top-1 with
+the roots shuffled across the batch's anchors, and ``shuffled_root_same_argmax_0``.
+
+Reduced draft vocabulary (``draft_vocab_size`` > 0; ours, an explicit variant, never the default):
+the head scores the ``draft_vocab_size`` most frequent assistant tokens of the training data
+(EAGLE-3's d2t/t2d, :mod:`drafters.common.vocab`) through those rows of the target's lm_head. The
+loss learns the rows whose label (JetSpec: the target's top-1) is in that vocabulary, JetSpec's KL
+over the target's distribution restricted to it (as EAGLE-3); ``acc_*`` and ``chain_tau`` count
+every scored row as for the full head (a target token outside the vocabulary is a miss), so the two
+variants' held-out numbers compare.
 """
 
 from __future__ import annotations
@@ -48,6 +66,7 @@ from drafters.block.model import (
 )
 from specbench.errors import UserError
 from drafters.common.loading import shipped_checkpoint
+from drafters.common.vocab import draft_vocabulary
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
 
@@ -57,14 +76,25 @@ class BlockRecipe(TrainRecipe):
     batch_tokens: int = 2048
     num_layers: int = 2  # drafter layers = tapped target layers (spread from layer 1 to N-3)
     block_size: int = 16
-    anchors_per_batch: int = 128
+    # anchors per sequence in training: upstream's num_anchors (SpecForge OnlineDFlashModel, 512); a
+    # sequence with more valid anchors gets a seeded sample of this many; 0 = every valid anchor
+    anchors_per_sequence: int = 512
+    anchor_chunk: int = 512  # anchors per block forward (summed over the batch's sequences): bounds memory, exact
+    logit_chunk: int = 2048  # scored rows per lm_head + loss chunk: [anchors * (B-1), V] logits never exist at once
+    # ours, an explicit variant: a head over the N most frequent training tokens (EAGLE-3's d2t/t2d);
+    # 0 = the target's whole vocabulary (the paper-faithful head, the default)
+    draft_vocab_size: int = 0
     gamma: float = 0.0  # loss decay exp(-(k-1)/gamma); 0 = DFlash's default (7 for B=16, 4 for B=8)
     regenerate: bool = True  # DFlash trains on target-regenerated answers
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_layers < 1 or self.block_size < 2 or self.anchors_per_batch < 1 or self.gamma < 0:
-            raise ValueError("num_layers and anchors_per_batch must be at least 1, block_size at least 2, gamma >= 0")
+        if self.num_layers < 1 or self.block_size < 2 or self.gamma < 0:
+            raise ValueError("num_layers must be at least 1, block_size at least 2, gamma >= 0")
+        if self.anchors_per_sequence < 0 or self.anchor_chunk < 1 or self.logit_chunk < 1:
+            raise ValueError("anchor_chunk and logit_chunk must be at least 1, anchors_per_sequence >= 0 (0 = all)")
+        if self.draft_vocab_size < 0:
+            raise ValueError("draft_vocab_size must be >= 0 (0 = the target's vocabulary)")
 
     @property
     def decay(self) -> float:
@@ -78,6 +108,7 @@ class TreeFlashRecipe(BlockRecipe):
     # "random" (tests) = a seeded random backbone trained jointly with the correction, not frozen
     backbone: str = "auto"
     ar_intermediate_size: int = 0  # 0 = the backbone's intermediate_size (upstream)
+    # (draft_vocab_size: 0 = the backbone's vocabulary, reduced or not)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,40 +117,71 @@ class TreeFlashRecipe(BlockRecipe):
                              "train one with `specbench train --drafter dflash` or leave backbone=auto")
 
 
+# --------------------------------------------------------------------------- anchors
+
+
 def _draw_seed(seed: int, batch: Batch, module: torch.nn.Module) -> int:
-    """A seed from the recipe seed, the batch and the weights (deterministic under resume)."""
+    """A training draw's seed from the recipe seed, the batch and the trainable weights (deterministic
+    under resume, different at every step)."""
     h = hashlib.sha256(f"{seed}/{tuple(batch.tokens.shape)}/{int(batch.tokens.sum())}".encode())
-    first = next(module.parameters())
+    first = next((p for p in module.parameters() if p.requires_grad), None)
+    first = next(module.parameters()) if first is None else first
     h.update(first.detach().flatten()[:16].float().cpu().numpy().tobytes())
     return int.from_bytes(h.digest()[:8], "little") & ((1 << 62) - 1)
 
 
-def draw_anchors(batch: Batch, n: int, seed: int) -> tuple[Tensor, Tensor]:
-    """anchors [S, A] (positions) and their validity [S, A]: ``n`` random anchors over the batch."""
-    ok = batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:] & batch.valid[:, 1:]  # [S, T-1]
-    where = ok.nonzero()  # [c, 2] (sequence, position), row-major
-    g = torch.Generator().manual_seed(seed)
-    if where.shape[0] > n:
-        pick = torch.randperm(where.shape[0], generator=g)[:n].sort().values
-        where = where[pick.to(where.device)]
-    s = batch.tokens.shape[0]
-    counts = torch.bincount(where[:, 0], minlength=s)
-    a = max(int(counts.max()) if counts.numel() else 0, 1)
-    anchors = torch.zeros(s, a, dtype=torch.long, device=batch.tokens.device)
-    valid = torch.zeros(s, a, dtype=torch.bool, device=batch.tokens.device)
-    slot = torch.arange(where.shape[0], device=where.device) - torch.cumsum(counts, 0).sub(counts)[where[:, 0]]
-    anchors[where[:, 0], slot] = where[:, 1]
-    valid[where[:, 0], slot] = True
+def _tokens_seed(seed: int, tokens: Tensor) -> int:
+    h = hashlib.sha256(f"{seed}/".encode())
+    h.update(tokens.detach().cpu().numpy().astype("int64").tobytes())
+    return int.from_bytes(h.digest()[:8], "little") & ((1 << 62) - 1)
+
+
+def valid_anchors(batch: Batch) -> Tensor:
+    """[S, T-1] bool: positions whose token and next token are both assistant (loss) tokens."""
+    return batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:] & batch.valid[:, 1:]
+
+
+def select_anchors(batch: Batch, per_sequence: int = 0, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """anchors [S, A] (positions) and their validity [S, A]: every valid anchor of each sequence, or,
+    with ``per_sequence`` > 0, a sample of at most that many per sequence, drawn with ``seed`` mixed
+    with the sequence's own tokens (so a sequence's draw does not depend on its batch-mates)."""
+    ok = valid_anchors(batch)
+    picks = []
+    for i in range(ok.shape[0]):
+        where = ok[i].nonzero()[:, 0]
+        if per_sequence and where.numel() > per_sequence:
+            g = torch.Generator().manual_seed(_tokens_seed(seed, batch.tokens[i][batch.valid[i]]))
+            where = where[torch.randperm(where.numel(), generator=g)[:per_sequence].sort().values.to(where.device)]
+        picks.append(where)
+    a = max([p.numel() for p in picks] + [1])
+    anchors = torch.zeros(ok.shape[0], a, dtype=torch.long, device=batch.tokens.device)
+    valid = torch.zeros(ok.shape[0], a, dtype=torch.bool, device=batch.tokens.device)
+    for i, p in enumerate(picks):
+        anchors[i, : p.numel()] = p
+        valid[i, : p.numel()] = True
     return anchors, valid
 
 
+def shuffled_roots(batch: Batch, roots: Tensor, ok: Tensor) -> Tensor:
+    """``roots`` [S, A] permuted across the valid anchors of the batch (a fixed permutation seeded by
+    the batch's tokens): the root-sensitivity probe's wrong roots."""
+    g = torch.Generator().manual_seed(_tokens_seed(1, batch.tokens[batch.valid]))
+    flat = roots[ok]
+    out = roots.clone()
+    out[ok] = flat[torch.randperm(flat.numel(), generator=g).to(flat.device)]
+    return out
+
+
+# --------------------------------------------------------------------------- objectives
+
+
 def hard_label_ce(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
-    """DFlash: cross-entropy on the true next tokens (per row)."""
+    """DFlash: cross-entropy on the true next tokens (per row; labels are draft ids)."""
     return -logp.gather(1, labels[:, None])[:, 0]
 
 
 def forward_kl(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
-    """JetSpec: KL(target || drafter) to the target's own distribution (per row)."""
+    """JetSpec: KL(target || drafter) to the target's own distribution (per row; over the draft vocabulary)."""
     with torch.no_grad():
         tl = target_logp()
     return (tl.exp() * (tl - logp)).sum(-1)
@@ -129,87 +191,197 @@ class BlockTraining(Trainable):
     """The shared trainable; a family is its backbone, its objective and its checkpoint layout."""
 
     Recipe = BlockRecipe
-    test_recipe = ("block_size=8", "anchors_per_batch=256")
+    test_recipe = ("block_size=8",)
     backbone: Backbone = BIDIRECTIONAL
     objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], Tensor] = staticmethod(hard_label_ce)
+    soft_labels = False  # True: the objective learns the target's distribution (rows scored by its top-1)
     layout = "dflash"  # released checkpoint layout (checkpoint.LAYOUTS)
 
     def __init__(self, target, recipe: BlockRecipe, input_ids: list[list[int]], loss_mask: list[list[int]]):
         self.recipe = recipe
         torch.manual_seed(recipe.seed)
-        self.module = self.build_module(target, recipe).float()
+        self.module = self.build_module(target, recipe, input_ids, loss_mask).float()
         self.embed = target.model.get_input_embeddings().weight.detach().float().cpu()  # frozen, not saved
-        self.lm_head = target.model.get_output_embeddings().weight.detach().float().cpu()
+        # the target's lm_head rows the head scores (all of them unless draft_vocab_size is set)
+        self.lm_head = self.module.draft_lm_head(target.model.get_output_embeddings().weight.detach().float().cpu())
+        self.draft_index = self.module.draft_index()  # [V] draft id of each target id (-1: outside), None = full
         cfg = self.module.config
         self.feature_layers = cfg.feature_layers
         self.final_layer = target.num_layers  # HF hidden_states[N]: the final normed state
         self.weights = torch.exp(-torch.arange(cfg.block_size - 1, dtype=torch.float) / recipe.decay)  # depth 1..B-1
 
-    def build_module(self, target, recipe: BlockRecipe) -> BlockModel:
+    def build_module(self, target, recipe: BlockRecipe, input_ids: list[list[int]], loss_mask: list[list[int]]) -> BlockModel:
+        vd = min(recipe.draft_vocab_size, target.vocab_size) or None
         cfg = BlockConfig.for_target(target, num_hidden_layers=recipe.num_layers, block_size=recipe.block_size,
-                                     causal=self.backbone.causal)
+                                     causal=self.backbone.causal, draft_vocab_size=vd)
         model = BlockModel(cfg)  # PyTorch's default init under the recipe seed
         if model.mask_embedding is not None:
             with torch.no_grad():
                 model.mask_embedding.normal_(0.0, 0.02)
+        if cfg.reduced_vocab:  # EAGLE-3's choice: the most frequent assistant tokens of the training data
+            model.set_vocab_mapping(draft_vocabulary(input_ids, loss_mask, cfg.draft_vocab_size, cfg.vocab_size))
         return model
 
     @property
     def cache_layers(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.feature_layers) | {self.final_layer}))
 
-    # ------------------------------------------------------------ the loss
-    def block_hidden(self, batch: Batch, anchors: Tensor) -> Tensor:
-        """Pre-norm block hidden states [S, A, B, H]."""
-        model = self.module
+    @property
+    def frozen_backbone(self) -> bool:
+        """True when only a part outside the backbone trains (TreeFlash's correction)."""
+        return False
+
+    # ------------------------------------------------------------ the forward pieces
+    def context_kv(self, batch: Batch) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's context keys/values over the whole batch (shared by all anchor chunks)."""
+        s, t = batch.tokens.shape
         layers = self.cache_layers
-        s, t = batch.tokens.shape
         fidx = [layers.index(i) for i in self.feature_layers]
-        context = model.context(batch.hidden[:, :, fidx].reshape(s, t, -1))
-        roots = F.embedding(batch.tokens.gather(1, anchors), self.embed)  # [S, A, H]
-        return model.forward_anchors(model.block_embeds(roots, self.embed), anchors, context)
+        return self.module.context_kv(self.module.context(batch.hidden[:, :, fidx].reshape(s, t, -1)))
 
-    def head(self, hidden: Tensor, batch: Batch, rows: tuple[Tensor, Tensor, Tensor], anchors: Tensor) -> Tensor:
-        """Logits [n, V] of the scored rows (s, a, k-1) from the block hidden states."""
-        s_i, a_i, k_i = rows
-        return self.module.logits(hidden[s_i, a_i, k_i + 1], self.lm_head)
+    def block_hidden(self, kv: list[tuple[Tensor, Tensor]], anchors: Tensor, roots: Tensor) -> Tensor:
+        """Pre-norm block hidden states [S, A, B, H] of the blocks rooted at ``roots`` [S, A] (token ids)."""
+        model = self.module
+        return model.forward_anchors_kv(model.block_embeds(F.embedding(roots, self.embed), self.embed), anchors, kv)
 
+    def head(self, hidden: Tensor, prev: Tensor) -> Tensor:
+        """Logits [n, Vd] of scored rows from their block hidden states [n, H]; ``prev`` [n] is each
+        row's previous token (the root at depth 1; TreeFlash's correction reads it)."""
+        return self.module.logits(hidden, self.lm_head)
+
+    # ------------------------------------------------------------ the loss
     def loss(self, batch: Batch) -> tuple[Tensor, dict[str, tuple[float, float]]]:
-        r = self.recipe
-        device = batch.tokens.device
-        if self.embed.device != device:
+        return self._blocks(batch, None)
+
+    def backward(self, batch: Batch, scale: float) -> tuple[float, dict[str, tuple[float, float]]]:
+        """``scale * loss`` backpropagated chunk by chunk (anchor chunks, then lm_head row chunks), so
+        memory holds one chunk's activations; the gradient is the whole batch's."""
+        total, metrics = self._blocks(batch, scale)
+        return float(total), metrics
+
+    def _to(self, device) -> None:
+        if self.embed.device != torch.device(device):
             self.embed, self.lm_head = self.embed.to(device), self.lm_head.to(device)
+            self.draft_index = None if self.draft_index is None else self.draft_index.to(device)
+
+    def _blocks(self, batch: Batch, scale: float | None) -> tuple[Tensor, dict[str, tuple[float, float]]]:
+        """The loss and metrics over every anchor of ``batch``; ``scale`` set: backpropagated in chunks."""
+        r = self.recipe
+        model = self.module
+        device = batch.tokens.device
+        self._to(device)
         s, t = batch.tokens.shape
-        b = self.module.config.block_size
-        anchors, anchor_ok = draw_anchors(batch, r.anchors_per_batch, _draw_seed(r.seed, batch, self.module))
+        b = model.config.block_size
+        evaluating = not model.training
+        if evaluating:  # held-out: every valid anchor, the same set for every checkpoint and family
+            anchors, ok = select_anchors(batch)
+        else:
+            anchors, ok = select_anchors(batch, r.anchors_per_sequence, _draw_seed(r.seed, batch, model))
+        roots = batch.tokens.gather(1, anchors)  # [S, A]
         pos = anchors[..., None] + torch.arange(1, b, device=device)  # [S, A, B-1]: the predicted positions
-        inside = pos < t
         pos_c = pos.clamp(max=t - 1)
         gather = lambda x: x.gather(1, pos_c.flatten(1)).view_as(pos)  # noqa: E731
-        scored = anchor_ok[..., None] & inside & gather(batch.valid) & gather(batch.loss_mask)
-        rows = scored.nonzero(as_tuple=True)  # (s, a, k-1)
-        hidden = self.block_hidden(batch, anchors)
-        logp = torch.log_softmax(self.head(hidden, batch, rows, anchors).float(), dim=-1)  # [n, V]
-        at = pos_c[rows]  # predicted position of each row
-        labels = batch.tokens[rows[0], at]
-        target_top = batch.argmax[rows[0], at - 1]  # the target's greedy choice after the true prefix
+        scored = ok[..., None] & (pos < t) & gather(batch.valid) & gather(batch.loss_mask)
+        labels = gather(batch.tokens)
+        target_top = batch.argmax.gather(1, (pos_c - 1).flatten(1)).view_as(pos)  # the target's greedy choice
+        learn_ids = target_top if self.soft_labels else labels
+        if self.draft_index is None:
+            learn, draft_labels = scored, labels
+        else:  # rows the reduced head can learn: the label (or the target's top-1) is in its vocabulary
+            draft_labels = self.draft_index[labels]
+            learn = scored & (self.draft_index[learn_ids] >= 0)
+        w = self.weights.to(device)
+        wsum = (w * learn).sum().clamp(min=1e-9)
         final_idx = self.cache_layers.index(self.final_layer)
-        per_row = self.objective(logp, labels, lambda: torch.log_softmax(
-            batch.hidden[rows[0], at - 1, final_idx] @ self.lm_head.T, dim=-1))  # the target's own log-probs
-        w = self.weights.to(device)[rows[2]]
-        total = (w * per_row).sum() / w.sum().clamp(min=1e-9)
-        hits = logp.argmax(-1) == target_top
-        metrics: dict[str, tuple[float, float]] = {"loss": (float(total.detach()), 1.0)}
+
+        grad = torch.is_grad_enabled()
+        backbone_grad = grad and not self.frozen_backbone
+        with torch.set_grad_enabled(backbone_grad):
+            kv = self.context_kv(batch)
+        stepwise = scale is not None and grad
+        kv_in = kv
+        if stepwise and backbone_grad:  # chunks backpropagate into these leaves; then one pass into fc
+            kv_in = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in kv]
+        probe_roots = shuffled_roots(batch, roots, ok) if evaluating else None
+
+        sums: dict[str, list[Tensor]] = {}
+
+        def per_k(name: str, k: Tensor, values: Tensor) -> None:  # per-depth sums and row counts
+            acc = sums.setdefault(name, [torch.zeros(b - 1, device=device), torch.zeros(b - 1, device=device)])
+            acc[0] += torch.bincount(k, weights=values.float(), minlength=b - 1)[: b - 1]
+            acc[1] += torch.bincount(k, minlength=b - 1)[: b - 1].float()
+
+        total = torch.zeros((), device=device)
+        total_value = 0.0
+        chain = [0.0, 0.0]
+        step = max(1, r.anchor_chunk // s)
+        for a0 in range(0, anchors.shape[1], step):
+            sl = slice(a0, a0 + step)
+            if not bool(scored[:, sl].any()):
+                chain[1] += float(ok[:, sl].sum())
+                chain[0] += float(ok[:, sl].sum())
+                continue
+            with torch.set_grad_enabled(backbone_grad):
+                hidden = self.block_hidden(kv_in, anchors[:, sl], roots[:, sl])  # [S, a, B, H]
+            h_use = hidden.detach().requires_grad_() if stepwise and hidden.requires_grad else hidden
+            rows = scored[:, sl].nonzero(as_tuple=True)  # (s, a - a0, k-1)
+            match = torch.zeros_like(scored[:, sl])
+            preds = []
+            for r0 in range(0, rows[0].numel(), r.logit_chunk):
+                si, ai, ki = (x[r0 : r0 + r.logit_chunk] for x in rows)
+                ag = ai + a0
+                prev = torch.where(ki == 0, roots[si, ag], batch.tokens[si, (anchors[si, ag] + ki).clamp(max=t - 1)])
+                logp = torch.log_softmax(self.head(h_use[si, ai, ki + 1], prev).float(), dim=-1)  # [n, Vd]
+                pred = model.to_target_ids(logp.argmax(-1))
+                preds.append(pred)
+                hit = pred == target_top[si, ag, ki]
+                match[si, ai, ki] = hit
+                per_k("acc", ki, hit.float())
+                lrow = learn[si, ag, ki].nonzero()[:, 0]
+                if lrow.numel():
+                    at = pos_c[si[lrow], ag[lrow], ki[lrow]]
+                    per_row = self.objective(logp[lrow], draft_labels[si[lrow], ag[lrow], ki[lrow]], lambda: torch.log_softmax(
+                        batch.hidden[si[lrow], at - 1, final_idx] @ self.lm_head.T, dim=-1))  # the target's own log-probs
+                    part = (w[ki[lrow]] * per_row).sum() / wsum
+                    per_k("loss", ki[lrow], per_row.detach())
+                    total_value += float(part.detach())
+                    if stepwise:
+                        if part.requires_grad:
+                            (part * scale).backward()
+                    else:
+                        total = total + part
+            if stepwise and h_use is not hidden and h_use.grad is not None:
+                hidden.backward(h_use.grad)
+            run = match.long().cumprod(-1).sum(-1)  # [S, a] leading agreements
+            chain[0] += float((1 + run)[ok[:, sl]].sum())
+            chain[1] += float(ok[:, sl].sum())
+            if probe_roots is not None:  # depth 1 again with the roots shuffled across anchors
+                first = (rows[2] == 0).nonzero()[:, 0]
+                if first.numel():
+                    si, ai = rows[0][first], rows[1][first]
+                    shuffled = self.block_hidden(kv_in, anchors[:, sl], probe_roots[:, sl])
+                    pred_sh = model.to_target_ids(self.head(shuffled[si, ai, 1], probe_roots[si, ai + a0]).argmax(-1))
+                    zero = torch.zeros_like(si)
+                    per_k("shuffled_root_acc", zero, (pred_sh == target_top[si, ai + a0, 0]).float())
+                    per_k("shuffled_root_same_argmax", zero, (pred_sh == torch.cat(preds)[first]).float())
+        if stepwise and kv_in is not kv:
+            pairs = [(x, x_in.grad) for (k, v), (k_in, v_in) in zip(kv, kv_in) for x, x_in in ((k, k_in), (v, v_in))
+                     if x_in.grad is not None]
+            if pairs:
+                torch.autograd.backward([x for x, _ in pairs], [g for _, g in pairs])
+
+        metrics: dict[str, tuple[float, float]] = {"loss": (total_value, 1.0)}
         for k in range(b - 1):
-            sel = rows[2] == k
-            n = float(sel.sum())
-            metrics[f"loss_{k}"] = (float(per_row.detach()[sel].sum()), n)
-            metrics[f"acc_{k}"] = (float(hits[sel].sum()), n)
-        match = torch.zeros_like(scored)
-        match[rows] = hits
-        run = match.long().cumprod(-1).sum(-1)  # [S, A] leading agreements
-        metrics["chain_tau"] = (float((1 + run)[anchor_ok].sum()), float(anchor_ok.sum()))
-        return total, metrics
+            for name in ("loss", "acc"):
+                if name in sums:
+                    metrics[f"{name}_{k}"] = (float(sums[name][0][k]), float(sums[name][1][k]))
+                else:
+                    metrics[f"{name}_{k}"] = (0.0, 0.0)
+        for name in ("shuffled_root_acc", "shuffled_root_same_argmax"):
+            if name in sums:
+                metrics[f"{name}_0"] = (float(sums[name][0][0]), float(sums[name][1][0]))
+        metrics["chain_tau"] = (chain[0], chain[1])
+        return (torch.tensor(total_value) if stepwise else total), metrics
 
     def save(self, out: Path, dtype: torch.dtype = torch.float16) -> Path:
         model = BlockModel(self.module.config)
@@ -226,6 +398,7 @@ class DFlashTraining(BlockTraining):
 class JetSpecTraining(BlockTraining):
     backbone = CAUSAL
     objective = staticmethod(forward_kl)
+    soft_labels = True
     layout = "jetspec"
 
 
@@ -233,7 +406,7 @@ class TreeFlashTraining(BlockTraining):
     """Only the correction trains; the backbone is a trained DFlash head, frozen."""
 
     Recipe = TreeFlashRecipe
-    test_recipe = ("block_size=8", "anchors_per_batch=256", "backbone=random")
+    test_recipe = ("block_size=8", "backbone=random")
     backbone = BIDIRECTIONAL_WITH_CORRECTION
     objective = staticmethod(hard_label_ce)
     layout = "treeflash"
@@ -249,7 +422,8 @@ class TreeFlashTraining(BlockTraining):
                                 f"one with `specbench train --drafter dflash --target {target_name} --out DIR` and pass "
                                 "--set backbone=DIR") from None
 
-    def build_module(self, target, recipe: TreeFlashRecipe) -> BlockModel:
+    def build_module(self, target, recipe: TreeFlashRecipe, input_ids: list[list[int]],
+                     loss_mask: list[list[int]]) -> BlockModel:
         if recipe.backbone == "random":
             src, base = "random", random_block_model(target, seed=recipe.seed, num_hidden_layers=recipe.num_layers,
                                                       block_size=recipe.block_size).float()
@@ -262,25 +436,30 @@ class TreeFlashTraining(BlockTraining):
             raise UserError(f"treeflash backbone '{src}' has block_size {base.config.block_size}; "
                             f"set block_size={base.config.block_size}")
         cfg = base.config.replace(ar_approximation="swiglu", ar_intermediate_size=recipe.ar_intermediate_size or None)
+        vd = min(recipe.draft_vocab_size, target.vocab_size)
+        new_vocab = False
+        if vd and base.config.reduced_vocab and vd != base.config.draft_vocab_size:
+            raise UserError(f"treeflash backbone '{src}' scores a draft vocabulary of {base.config.draft_vocab_size} ids; "
+                            f"set draft_vocab_size={base.config.draft_vocab_size} (or 0: the backbone's)")
+        if vd and not base.config.reduced_vocab and vd < target.vocab_size:  # the reduced variant on a full-vocab backbone
+            cfg, new_vocab = cfg.replace(draft_vocab_size=vd), True
         model = BlockModel(cfg)
         missing = model.load_state_dict(base.state_dict(), strict=False).missing_keys
-        assert all(k.startswith("ar_approximation.") for k in missing), missing
+        assert all(k.startswith("ar_approximation.") or k in ("d2t", "t2d") for k in missing), missing
+        if new_vocab:
+            model.set_vocab_mapping(draft_vocabulary(input_ids, loss_mask, vd, cfg.vocab_size))
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("ar_approximation.") or recipe.backbone == "random")
         return model
 
-    def block_hidden(self, batch: Batch, anchors: Tensor) -> Tensor:
-        if self.recipe.backbone == "random":  # tests: the backbone trains too
-            return super().block_hidden(batch, anchors)
-        with torch.no_grad():
-            return super().block_hidden(batch, anchors)
+    @property
+    def frozen_backbone(self) -> bool:
+        return self.recipe.backbone != "random"  # tests (random): the backbone trains too
 
-    def head(self, hidden: Tensor, batch: Batch, rows: tuple[Tensor, Tensor, Tensor], anchors: Tensor) -> Tensor:
-        s_i, a_i, k_i = rows
-        prev = batch.tokens[s_i, anchors[s_i, a_i] + k_i]  # x[a+k-1]: the true previous token
-        h = hidden[s_i, a_i, k_i + 1]
-        return self.module.logits(self.module.corrected(h, F.embedding(prev, self.embed)), self.lm_head)
+    def head(self, hidden: Tensor, prev: Tensor) -> Tensor:
+        """The corrected logits: ``prev`` is x[a+k-1], the true previous token (the root at depth 1)."""
+        return self.module.logits(self.module.corrected(hidden, F.embedding(prev, self.embed)), self.lm_head)
 
 
 __all__ = ["BlockRecipe", "TreeFlashRecipe", "BlockTraining", "DFlashTraining", "JetSpecTraining", "TreeFlashTraining",
-           "draw_anchors"]
+           "select_anchors", "valid_anchors", "shuffled_roots"]

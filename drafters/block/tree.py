@@ -24,12 +24,12 @@ from torch import Tensor
 from specbench.tree import BestFirst, DraftTree, TreeBuilder
 
 
-def chain_tree(root: int, logits: Tensor, budget: int, n_forwards: int = 1) -> DraftTree:
-    """The argmax of every depth's logits [D, V] as a chain, at most ``budget`` nodes."""
-    n = max(0, min(budget - 1, logits.shape[0]))
+def chain_tree(root: int, tokens: Tensor, budget: int, n_forwards: int = 1) -> DraftTree:
+    """Every depth's argmax token ([D] target ids) as a chain, at most ``budget`` nodes."""
+    n = max(0, min(budget - 1, tokens.shape[0]))
     tree = TreeBuilder(root)
     node = 0
-    for tok in logits[:n].argmax(-1).tolist():
+    for tok in tokens[:n].tolist():
         node = tree.add(node, tok)
     return tree.build(n_forwards=n_forwards)
 

@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
 from drafters.common.loading import WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
+from drafters.common.vocab import check_vocab_maps
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
@@ -93,20 +94,8 @@ def read_eagle3(path: str | Path, target) -> tuple[Eagle3Head, CheckpointId]:
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
         state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     else:
-        _check_maps(state["d2t"], state["t2d"], where)
+        check_vocab_maps(state["d2t"], state["t2d"], where)
         state["d2t"] = state["d2t"].long()
         state["t2d"] = state["t2d"].bool()
     load_checked(head, state, where, "an EAGLE-3 head")
     return head.to(device=target.device, dtype=target.dtype).eval(), identity
-
-
-def _check_maps(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
-    """d2t and t2d must describe the same set of distinct target ids."""
-    draft_vocab, vocab = d2t.numel(), t2d.numel()
-    target_ids = torch.arange(draft_vocab) + d2t.long()
-    if bool(((target_ids < 0) | (target_ids >= vocab)).any()):
-        raise UserError(f"{where}: d2t maps draft ids outside the target vocabulary (size {vocab})")
-    if target_ids.unique().numel() != draft_vocab:
-        raise UserError(f"{where}: d2t maps two draft ids to the same target id")
-    if int(t2d.bool().sum()) != draft_vocab or not bool(t2d.bool()[target_ids].all()):
-        raise UserError(f"{where}: t2d and d2t disagree about which target ids the draft vocabulary holds")

@@ -46,6 +46,7 @@ from drafters.common.kv_cache import KVCache
 from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
 from drafters.common.rope import Rotary
 from drafters.common.shape import rope_from_config_dict, target_shape
+from drafters.common.vocab import random_vocabulary, vocab_maps
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -312,12 +313,12 @@ class Eagle3Head(nn.Module):
     @torch.no_grad()
     def set_vocab_mapping(self, target_ids: Tensor) -> None:
         """Make the draft vocabulary ``target_ids`` ([Vd] distinct target ids, any order is kept)."""
-        target_ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
-        if target_ids.shape != self.d2t.shape or target_ids.unique().numel() != target_ids.numel():
+        target_ids = torch.as_tensor(target_ids, dtype=torch.long).cpu()
+        if target_ids.shape != self.d2t.shape:
             raise ValueError(f"need {self.d2t.numel()} distinct target ids")
-        self.d2t.copy_(target_ids - torch.arange(target_ids.numel(), device=target_ids.device))
-        self.t2d.zero_()
-        self.t2d[target_ids] = True
+        d2t, t2d = vocab_maps(target_ids, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
 
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> None:
         """Seeded normal(0, std) init of every matrix (norm weights stay ones)."""
@@ -336,8 +337,7 @@ def random_head(target, draft_vocab_size: int = 0, seed: int = 0, std: float | N
     head = Eagle3Head(cfg)
     head.init_random(g, std if std is not None else float(getattr(target.model.config, "initializer_range", 0.02)))
     if cfg.draft_vocab_size < cfg.vocab_size:
-        ids = torch.randperm(cfg.vocab_size, generator=g)[: cfg.draft_vocab_size].sort().values
-        head.set_vocab_mapping(ids)
+        head.set_vocab_mapping(random_vocabulary(cfg.draft_vocab_size, cfg.vocab_size, g))
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 

@@ -34,7 +34,6 @@ init, so it is off by default.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from torch import Tensor, nn
 
 from drafters.eagle3.checkpoint import save_eagle3
 from drafters.common.nn import rotate_half
+from drafters.common.vocab import draft_vocabulary
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers, new_cache
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
@@ -61,19 +61,6 @@ class Eagle3Recipe(TrainRecipe):
         super().__post_init__()
         if self.ttt_steps < 1 or self.draft_vocab_size < 1:
             raise ValueError("ttt_steps and draft_vocab_size must be at least 1")
-
-
-def draft_vocabulary(input_ids: list[list[int]], loss_mask: list[list[int]], size: int, vocab_size: int) -> Tensor:
-    """The ``size`` most frequent assistant tokens (ties by id), sorted; padded with the lowest unused
-    ids when the data holds fewer distinct tokens."""
-    counts: Counter[int] = Counter()
-    for ids, mask in zip(input_ids, loss_mask):
-        counts.update(t for t, m in zip(ids, mask) if m)
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
-    if len(ranked) < size:
-        seen = set(ranked)
-        ranked += [t for t in range(vocab_size) if t not in seen][: size - len(ranked)]
-    return torch.tensor(sorted(ranked), dtype=torch.long)
 
 
 def ttt_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, keys: list[tuple[Tensor, Tensor]], causal: Tensor) -> Tensor:

@@ -213,6 +213,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
     from specbench.results import env_fingerprint
     from specbench.train.data import load_conversations, split_holdout
     from specbench.train.features import build_feature_cache
+    from specbench.train.probe import root_probe
     from specbench.train.regenerate import RegenConfig, regenerate, target_digest
     from specbench.train.trainer import TokenizedSet, train
 
@@ -291,6 +292,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
         "resumed_from_step": result.resumed_from,
         "regenerate": regen_stats,
         "heldout": result.heldout,
+        "root_probe": root_probe(result.heldout),  # block families (None for the others)
         "feature_cache": {k: str(v.path) for k, v in caches.items()},
         "hardware": {**env_fingerprint(str(device), str(target.dtype).removeprefix("torch.")),
                      "machine": platform.machine(), "processes": 1 if world is None else world.size},
@@ -368,6 +370,10 @@ def training_card(summary: dict) -> str:
         lines.append(f"| {d + 1} | {held[f'acc_{d}']:.3f} | {held[f'loss_{d}']:.3f} |")
     if "chain_tau" in held:
         lines += ["", f"Held-out `chain_tau` (1 + the leading run of top-1 agreements in a block): {held['chain_tau']:.3f}."]
+    if summary.get("root_probe"):
+        from specbench.train.probe import card_lines
+
+        lines += ["", *card_lines(summary["root_probe"])]
     return "\n".join(lines) + "\n"
 
 

@@ -120,6 +120,14 @@ class Trainable(abc.ABC):
     def loss(self, batch: Batch) -> tuple[Tensor, dict[str, tuple[float, float]]]:
         """The scalar training loss and metrics as (numerator, denominator) pairs."""
 
+    def backward(self, batch: Batch, scale: float) -> tuple[float, dict[str, tuple[float, float]]]:
+        """Add ``scale * grad(loss(batch))`` to the parameters' gradients; returns the loss value and
+        the metrics. The trainer calls this; a family may override it to bound memory (e.g. the block
+        families backpropagate chunk by chunk), with the same gradient as the default."""
+        loss, metrics = self.loss(batch)
+        (loss * scale).backward()
+        return float(loss.detach()), metrics
+
     @abc.abstractmethod
     def save(self, out: Path, dtype: torch.dtype = torch.float16) -> Path:
         """Write the checkpoint in the family's released layout into ``out``; returns ``out``."""
@@ -374,9 +382,8 @@ def train(
             for seqs_k, weight in (shards if world is None else shards[world.rank :: world.size]):
                 if not seqs_k:
                     continue
-                loss, metrics = trainable.loss(collate(train_data, seqs_k, device))
-                (loss * weight).backward()
-                objective += weight * float(loss.detach())
+                value, metrics = trainable.backward(collate(train_data, seqs_k, device), weight)
+                objective += weight * value
                 _accumulate(sums, {k: v for k, v in metrics.items() if k != "loss"})
             if world is not None:
                 _all_reduce_grads(params)

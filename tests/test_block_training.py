@@ -1,0 +1,299 @@
+"""Block training at scale (issue 10): every valid anchor in bounded chunks, a fixed held-out anchor
+set, the root-sensitivity probe, and the reduced draft vocabulary variant.
+
+* chunked backward (anchor chunks, then lm_head row chunks) gives the whole-batch gradient, loss
+  and metrics, for every family and for the reduced vocabulary;
+* held-out anchors are every valid anchor, whatever the weights, the family or the recipe's cap;
+* the probe: a head fitted a few hundred Adam steps on a pattern only the root predicts loses its
+  depth-1 accuracy when roots are shuffled; a head built never to see its root is flagged;
+* the reduced vocabulary: the most frequent training tokens, saved and loaded with d2t/t2d,
+  refused without them, drafts inside it and lossless; the full-vocabulary head stays the default.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from drafters.ar import ARDrafter
+from drafters.block.checkpoint import load_block, save_block
+from drafters.block.drafter import DFlashDrafter, JetSpecDrafter, TreeFlashDrafter
+from drafters.block.model import random_block_model
+from drafters.block.train import (
+    BlockRecipe, DFlashTraining, JetSpecTraining, TreeFlashRecipe, TreeFlashTraining, select_anchors, valid_anchors,
+)
+from drafters.common.vocab import draft_vocabulary
+from specbench.decode import generate
+from specbench.drafter import Sampling, parse_config
+from specbench.errors import UserError
+from specbench.targets import load_target
+from specbench.train.probe import MIN_RELATIVE_DROP, card_lines, root_probe
+from specbench.train.trainer import Batch
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("tiny-llama", device="cpu", dtype="float32")
+
+
+def features_batch(target, tokens: torch.Tensor, loss_mask: torch.Tensor, layers, argmax: torch.Tensor | None = None) -> Batch:
+    """A batch over ``tokens`` [S, T] with the target's own states at ``layers`` (argmax: the target's unless given)."""
+    with torch.no_grad():
+        out = target.model(input_ids=tokens, use_cache=False, output_hidden_states=True)
+    hidden = torch.stack([out.hidden_states[j] for j in layers], dim=2)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    return Batch(tokens, loss_mask, valid, hidden, out.logits.argmax(-1) if argmax is None else argmax)
+
+
+def random_batch(target, layers, s: int = 3, t: int = 24, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, target.vocab_size, (s, t), generator=g)
+    mask = torch.rand(s, t, generator=g) < 0.8
+    mask[:, :3] = False  # a prompt
+    return features_batch(target, tokens, mask, layers)
+
+
+def trainable(target, cls, *options: str, data: list[list[int]] | None = None):
+    recipe = parse_config(cls.Recipe, ["block_size=6", *options])
+    data = data or [list(range(50)) * 3]
+    return cls(target, recipe, data, [[1] * len(x) for x in data])
+
+
+def grads(module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+# --------------------------------------------------------------------------- chunks, anchors
+
+
+def treeflash_on_saved_backbone(target, tmp_path, *options):
+    backbone = random_block_model(target, seed=4, block_size=6).float()
+    save_block(backbone, tmp_path / "backbone", "dflash")
+    return trainable(target, TreeFlashTraining, f"backbone={tmp_path / 'backbone'}", *options)
+
+
+CASES = {
+    "dflash": (DFlashTraining, ()),
+    "jetspec": (JetSpecTraining, ()),
+    "treeflash-joint": (TreeFlashTraining, ("backbone=random",)),
+    "dflash-vocab": (DFlashTraining, ("draft_vocab_size=40",)),
+    "jetspec-vocab": (JetSpecTraining, ("draft_vocab_size=40",)),
+}
+
+
+@pytest.mark.parametrize("case", [*CASES, "treeflash-frozen"])
+def test_chunked_backward_is_the_whole_batch_gradient(target, tmp_path, case):
+    """Anchors in chunks of 2 per sequence and lm_head rows in chunks of 7 give the loss, metrics and
+    gradient of the one-piece forward (memory bounded, nothing changed)."""
+    results = []
+    for chunks in (("anchor_chunk=100000", "logit_chunk=100000"), ("anchor_chunk=6", "logit_chunk=7")):
+        if case == "treeflash-frozen":
+            tr = treeflash_on_saved_backbone(target, tmp_path, *chunks)
+        else:
+            cls, opts = CASES[case]
+            tr = trainable(target, cls, *opts, *chunks)
+        batch = random_batch(target, tr.cache_layers)
+        tr.module.train()
+        if chunks[0].endswith("100000"):
+            loss, metrics = tr.loss(batch)
+            (loss * 0.5).backward()
+            value = float(loss.detach())
+        else:
+            value, metrics = tr.backward(batch, 0.5)
+        results.append((value, metrics, grads(tr.module)))
+    (v1, m1, g1), (v2, m2, g2) = results
+    assert v1 == pytest.approx(v2, rel=1e-5)
+    assert m1.keys() == m2.keys()
+    for k in m1:
+        assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-6), k
+    assert g1.keys() == g2.keys() and g1
+    if case == "treeflash-frozen":
+        assert all(k.startswith("ar_approximation.") for k in g1)
+    for k in g1:
+        torch.testing.assert_close(g1[k], g2[k], atol=1e-6, rtol=1e-4)
+
+
+def test_training_takes_every_valid_anchor_up_to_the_cap(target):
+    tr = trainable(target, DFlashTraining)
+    batch = random_batch(target, tr.cache_layers, s=2, t=40)
+    n_valid = int(valid_anchors(batch).sum())
+    tr.module.train()
+    _, metrics = tr.loss(batch)
+    assert metrics["chain_tau"][1] == n_valid  # one block per valid anchor
+    capped = trainable(target, DFlashTraining, "anchors_per_sequence=5")
+    capped.module.train()
+    assert capped.loss(batch)[1]["chain_tau"][1] == 10
+
+
+def test_heldout_anchors_are_fixed(target):
+    """Evaluation scores every valid anchor: the same rows whatever the weights, the family or the
+    training cap, so checkpoints are compared on identical anchors."""
+    counts = []
+    for cls, opts in ((DFlashTraining, ("seed=1",)), (DFlashTraining, ("seed=2", "anchors_per_sequence=3")),
+                      (JetSpecTraining, ()), (DFlashTraining, ("draft_vocab_size=40",))):
+        tr = trainable(target, cls, *opts)
+        batch = random_batch(target, tr.cache_layers, s=3, t=30, seed=5)
+        tr.module.eval()
+        with torch.no_grad():
+            _, metrics = tr.loss(batch)
+        counts.append({k: v[1] for k, v in metrics.items() if k.startswith("acc_") or k == "chain_tau"})
+        assert metrics["chain_tau"][1] == int(valid_anchors(batch).sum())
+    assert all(c == counts[0] for c in counts)
+    a1, ok1 = select_anchors(batch)
+    a2, ok2 = select_anchors(batch)
+    assert torch.equal(a1, a2) and torch.equal(ok1, ok2)
+
+
+def test_capped_draw_depends_on_the_sequence_not_its_batch(target):
+    tr = trainable(target, DFlashTraining)
+    big = random_batch(target, tr.cache_layers, s=3, t=40, seed=1)
+    alone = Batch(*(x[1:2] for x in (big.tokens, big.loss_mask, big.valid, big.hidden, big.argmax)))
+    a_big, ok_big = select_anchors(big, 4, seed=9)
+    a_one, ok_one = select_anchors(alone, 4, seed=9)
+    assert a_big[1][ok_big[1]].tolist() == a_one[0][ok_one[0]].tolist()
+    assert select_anchors(big, 4, seed=10)[0].tolist() != a_big.tolist()
+
+
+# --------------------------------------------------------------------------- the root-sensitivity probe
+
+N_KEYS = 12
+
+
+def pattern_batch(target, layers, n_seq: int, seed: int) -> Batch:
+    """Triples (r, f(r), c): r random among 12 ids, f a fixed map, c a constant that is no loss
+    token. The only scored rows are depth 1 at anchors r, predicting f(r): only the root tells it
+    (the context rows are the target's states before r). The 'target' greedily predicts f(r)."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.arange(20, 20 + N_KEYS)
+    values = 100 + torch.randperm(N_KEYS, generator=torch.Generator().manual_seed(0))
+    r = keys[torch.randint(0, N_KEYS, (n_seq, 10), generator=g)]
+    f = values[r - 20]
+    c = torch.full_like(r, 7)
+    tokens = torch.stack([r, f, c], dim=-1).flatten(1)  # [S, 30]
+    loss = torch.stack([torch.ones_like(r), torch.ones_like(r), torch.zeros_like(r)], dim=-1).flatten(1).bool()
+    argmax = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # the "target" predicts the pattern's next token
+    return features_batch(target, tokens, loss, layers, argmax)
+
+
+def fit(tr, batch: Batch, steps: int) -> None:
+    params = [p for p in tr.module.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    tr.module.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        tr.backward(batch, 1.0)
+        opt.step()
+    tr.module.eval()
+
+
+def probe_of(tr, batch: Batch) -> dict:
+    with torch.no_grad():
+        _, metrics = tr.loss(batch)
+    return root_probe({k: num / den for k, (num, den) in metrics.items() if den})
+
+
+class RootBlindTraining(DFlashTraining):
+    """A head that never sees its root (its block starts with a fixed token instead)."""
+
+    def block_hidden(self, kv, anchors, roots):
+        return super().block_hidden(kv, anchors, torch.zeros_like(roots))
+
+
+def test_root_probe_shows_the_drop_and_flags_a_root_blind_head(target):
+    probes = {}
+    for name, cls in (("uses root", DFlashTraining), ("root-blind", RootBlindTraining)):
+        tr = trainable(target, cls, "block_size=4", "anchor_chunk=64")
+        train, heldout = pattern_batch(target, tr.cache_layers, 8, seed=1), pattern_batch(target, tr.cache_layers, 8, seed=2)
+        fit(tr, train, 250)
+        probes[name] = probe_of(tr, heldout)
+    uses, blind = probes["uses root"], probes["root-blind"]
+    assert uses["acc_true_roots"] > 0.5, uses  # learned f(root) (chance: 1/12)
+    assert uses["acc_shuffled_roots"] < 0.4 and uses["relative_drop"] > 0.5 and not uses["ignores_root"], uses
+    assert blind["acc_true_roots"] == blind["acc_shuffled_roots"] and blind["same_argmax"] == 1.0, blind
+    assert blind["ignores_root"]
+    assert "Flag: head ignores its root" in "\n".join(card_lines(blind))
+    assert "Flag" not in "\n".join(card_lines(uses))
+
+
+def test_root_probe_rule():
+    assert root_probe({"acc_0": 0.5}) is None  # no probe (e.g. EAGLE-3)
+    issue = root_probe({"acc_0": 0.108, "shuffled_root_acc_0": 0.090, "shuffled_root_same_argmax_0": 0.76})
+    assert issue["ignores_root"] and issue["relative_drop"] < MIN_RELATIVE_DROP  # the head issue 10 measured
+    assert not root_probe({"acc_0": 0.5, "shuffled_root_acc_0": 0.1})["ignores_root"]
+    assert root_probe({"acc_0": 0.0, "shuffled_root_acc_0": 0.0})["ignores_root"]
+
+
+# --------------------------------------------------------------------------- the reduced draft vocabulary
+
+
+def test_full_vocabulary_is_the_default(target, tmp_path):
+    assert BlockRecipe().draft_vocab_size == 0 and TreeFlashRecipe().draft_vocab_size == 0
+    tr = trainable(target, DFlashTraining)
+    assert not tr.module.config.reduced_vocab and tr.lm_head.shape[0] == target.vocab_size
+    tr.save(tmp_path / "full")
+    assert "draft_vocab_size" not in json.loads((tmp_path / "full" / "config.json").read_text())
+    assert not {"d2t", "t2d"} & set(load_file(str(tmp_path / "full" / "model.safetensors")))
+
+
+@pytest.mark.parametrize("cls,layout", [(DFlashTraining, "dflash"), (JetSpecTraining, "jetspec")])
+def test_reduced_vocabulary_round_trip_and_drafts_inside_it(target, tmp_path, cls, layout):
+    data = [[(7 * i) % 300 for i in range(200)], [5, 5, 5, 9, 9, 11] * 10]
+    tr = trainable(target, cls, "draft_vocab_size=40", data=data)
+    ids = tr.module.draft_ids()
+    assert torch.equal(ids, draft_vocabulary(data, [[1] * len(x) for x in data], 40, target.vocab_size))
+    assert {5, 9, 11} <= set(ids.tolist()) and tr.lm_head.shape == (40, target.hidden_size)
+    out = tr.save(tmp_path / layout, dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 40 and config["vocab_size"] == target.vocab_size
+    raw = load_file(str(out / "model.safetensors"))
+    assert raw["d2t"].dtype == torch.int64 and raw["t2d"].dtype == torch.bool and int(raw["t2d"].sum()) == 40
+    model = load_block(out, target, layout)
+    assert torch.equal(model.draft_ids(), ids)
+    drafter_cls = DFlashDrafter if layout == "dflash" else JetSpecDrafter
+    opts = ["budget=12"] + (["tree=marginal", "top_k=4"] if layout == "dflash" else ["width=3"])
+    drafter = drafter_cls(target, parse_config(drafter_cls.Config, [f"path={out}", *opts]))
+    prompt = torch.tensor([5, 5, 5, 9, 9, 11, 5, 5])
+    ref = generate(target, ARDrafter(target), prompt, 12, Sampling()).output_ids
+    seen = []
+    inner = drafter.propose
+
+    def propose(ctx):
+        tree = inner(ctx)
+        seen.extend(tree.tokens[1:].tolist())
+        return tree
+
+    drafter.propose = propose
+    assert generate(target, drafter, prompt, 12, Sampling()).output_ids == ref
+    assert seen and set(seen) <= set(ids.tolist())
+
+
+def test_reduced_vocabulary_without_maps_is_refused(target, tmp_path):
+    tr = trainable(target, DFlashTraining, "draft_vocab_size=40")
+    out = tr.save(tmp_path / "v")
+    raw = load_file(str(out / "model.safetensors"))
+    del raw["d2t"]
+    save_file(raw, str(out / "model.safetensors"))
+    with pytest.raises(UserError, match="no d2t vocabulary map"):
+        load_block(out, target, "dflash")
+    raw = load_file(str(tr.save(tmp_path / "w") / "model.safetensors"))
+    raw["d2t"] = torch.zeros_like(raw["d2t"]) + 3  # every draft id shifted: disagrees with t2d
+    save_file(raw, str(tmp_path / "w" / "model.safetensors"))
+    with pytest.raises(UserError, match="disagree"):
+        load_block(tmp_path / "w", target, "dflash")
+
+
+def test_treeflash_reduced_vocabulary_follows_its_backbone(target, tmp_path):
+    base = trainable(target, DFlashTraining, "draft_vocab_size=40")
+    base.save(tmp_path / "base", dtype=torch.float32)
+    tf = trainable(target, TreeFlashTraining, f"backbone={tmp_path / 'base'}")
+    assert torch.equal(tf.module.draft_ids(), base.module.draft_ids())
+    with pytest.raises(UserError, match="set draft_vocab_size=40"):
+        trainable(target, TreeFlashTraining, f"backbone={tmp_path / 'base'}", "draft_vocab_size=30")
+    full = treeflash_on_saved_backbone(target, tmp_path, "draft_vocab_size=30")
+    assert full.module.config.draft_vocab_size == 30
+    out = full.save(tmp_path / "tf", dtype=torch.float32)
+    drafter = TreeFlashDrafter(target, parse_config(TreeFlashDrafter.Config, [f"path={out}", "budget=10", "top_m=3", "top_k=3"]))
+    assert torch.equal(drafter.model.draft_ids(), full.module.draft_ids())
