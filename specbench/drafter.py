@@ -22,6 +22,8 @@ member                    required   meaning
 ``checkpoint``            no         :class:`CheckpointId` of the weights loaded (None: no weights)
 ``training()``            no         the family's trainable class for ``specbench train``
                                      (a :class:`specbench.train.trainer.Trainable`), or None
+``take_log()``            no         records of the drafter's own decisions since the last call
+                                     (stored per result row as ``drafter_log`` JSON), or None
 ``test_options``          no         ``--set`` option lists the conformance suite runs on the tiny
                                      targets (``tests/test_conformance.py``); learned drafters
                                      are also run with ``path=random`` and with a briefly
@@ -173,6 +175,11 @@ class Drafter(abc.ABC):
     @classmethod
     def training(cls) -> type | None:
         """The family's trainable for ``specbench train`` (imported on demand), or None."""
+        return None
+
+    def take_log(self) -> list[dict] | None:
+        """Records (JSON-able dicts) of what the drafter decided since the last call, e.g. an online
+        adaptation's decisions; the runner stores them in the result row's ``drafter_log``. None: no log."""
         return None
 
 

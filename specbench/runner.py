@@ -13,6 +13,7 @@ Fairness rules kept here:
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -177,6 +178,8 @@ class _Session:
             "draft_s": sum(s.draft_s for s in steps),
             "verify_s": sum(s.verify_s for s in steps),
             "other_s": sum(s.other_s for s in steps),
+            # the drafter's own decision records since the previous row (warm-up's go to the first row)
+            **({} if (log := self.drafter.take_log()) is None else {"drafter_log": json.dumps(log, sort_keys=True)}),
         }
 
     def warmup(self, prompt: Prompt) -> None:
