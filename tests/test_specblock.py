@@ -20,6 +20,7 @@ from specbench.decode import generate
 from specbench.drafter import Sampling, drafter_class, parse_config
 from specbench.errors import UserError
 from specbench.targets import load_target
+from specbench.train.pipeline import training_card
 from specbench.train.trainer import Batch
 
 
@@ -226,9 +227,17 @@ def test_training_reports_per_slot_accuracy_and_rank_confusion(target):
     loss, metrics = trainable.loss(batch)
     loss.backward()
     assert {f"acc_{k}" for k in range(4)} <= set(metrics) and "chain_tau" in metrics and "rank_loss" in metrics
-    assert any(key.startswith("acc_b2_") for key in metrics) and any(key.startswith("acc_b3_") for key in metrics)
+    assert {"b2_acc_0", "b3_acc_3", "b2_loss_1"} <= set(metrics) and not any(k.startswith("acc_b") for k in metrics)
     confusion = sum(metrics[f"rank_confusion_{t}_{p}"][0] for t in range(4) for p in range(4))
     assert confusion == metrics["rank_acc"][1] > 0
+    card = training_card({"job": {"drafter": "specblock", "target": "tiny-llama", "data": ["x"], "holdout_fraction": 0.02,
+                                  "budget_tokens": 1, "recipe": {"epochs": 1}, "regenerate": False},
+                          "hardware": {}, "seconds": {"all_calls": 1, "features_this_call": 0, "train_this_call": 1,
+                                                      "regenerate_this_call": 0},
+                          "train_loss_tokens": 1, "train_conversations": 1, "train_tokens": 1, "heldout_loss_tokens": 1,
+                          "heldout_conversations": 1, "steps": 1, "tokens_seen": 1,
+                          "heldout": {k: v[0] / v[1] if v[1] else float("nan") for k, v in metrics.items()}})
+    assert "| 4 |" in card and "Rank head confusion" in card and "| rank 1 |" in card
     assert trainable.module.rank_head[0].weight.grad is not None
     assert trainable.module.input_layer.embed_tokens.weight.grad is None  # the frozen target embedding
 

@@ -32,7 +32,7 @@ Losses, per block, summed over blocks:
 
 Metrics: block 1's per-slot top-1 accuracy ``acc_k`` (all scored rows) and loss ``loss_k`` (the
 chain-masked soft CE), ``chain_tau`` (1 + the leading run of correct slots), later blocks'
-``b{b}_acc_k``, the rank head's accuracy ``rank_acc`` and its confusion matrix
+``b{b}_acc_k`` / ``b{b}_loss_k``, the rank head's accuracy ``rank_acc`` and its confusion matrix
 ``rank_confusion_{true}_{pred}`` (shares of block-1 scored slot rows).
 """
 
@@ -223,9 +223,9 @@ class SpecBlockTraining(Trainable):
                 n = ce.numel()
                 norm = n if recipe.chain_norm == "chain" else int(valid.sum())
                 total = total + recipe.slot_decay ** s * ce.sum() / max(norm, 1)
-                name = f"_{s}" if blk == 0 else f"_b{blk + 1}_{s}"
-                metrics["loss" + name] = (float(ce.sum().detach()), float(n))
-                metrics["acc" + name] = (float((hit & valid).sum()), float(valid.sum()))
+                pre = "" if blk == 0 else f"b{blk + 1}_"  # block 1: acc_k / loss_k (the card's table)
+                metrics[f"{pre}loss_{s}"] = (float(ce.sum().detach()), float(n))
+                metrics[f"{pre}acc_{s}"] = (float((hit & valid).sum()), float(valid.sum()))
                 if blk == 0:
                     run = run + (lead & valid & hit).float()
                     lead = lead & hit
@@ -254,7 +254,7 @@ class SpecBlockTraining(Trainable):
             if rank_on and rank_den > 0:
                 rank_loss = rank_sum / rank_den
                 total = total + recipe.rank_weight * rank_loss
-                metrics["rank_loss" if blk == 0 else f"rank_loss_b{blk + 1}"] = (float(rank_loss.detach()), 1.0)
+                metrics["rank_loss" if blk == 0 else f"b{blk + 1}_rank_loss"] = (float(rank_loss.detach()), 1.0)
             if blk < len(ms):
                 offset += ms[blk]
         metrics["loss"] = (float(total.detach()), 1.0)

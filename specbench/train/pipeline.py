@@ -370,6 +370,15 @@ def training_card(summary: dict) -> str:
         lines.append(f"| {d + 1} | {held[f'acc_{d}']:.3f} | {held[f'loss_{d}']:.3f} |")
     if "chain_tau" in held:
         lines += ["", f"Held-out `chain_tau` (1 + the leading run of top-1 agreements in a block): {held['chain_tau']:.3f}."]
+    if "rank_confusion_0_0" in held:  # a rank head (SpecBlock): rows = true class, shares of all scored slots
+        names = ["rank 1", "rank 2-4", "rank 5-10", "rank > 10"]
+        lines += ["", "Rank head confusion on held-out data (block 1, every scored slot; rows: the target token's "
+                  "rank class in the draft distribution, columns: the head's prediction; share of all rows"
+                  + (f"; accuracy {held['rank_acc']:.3f}" if "rank_acc" in held else "") + "):", "",
+                  "| true \\ predicted | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for t, name in enumerate(names):
+            lines.append(f"| {name} | " + " | ".join(f"{held.get(f'rank_confusion_{t}_{p}', float('nan')):.3f}"
+                                                   for p in range(len(names))) + " |")
     if summary.get("root_probe"):
         from specbench.train.probe import card_lines
 
