@@ -272,3 +272,25 @@ def test_adaptation_is_lossless_and_logged(target, mode):
 
 def test_adaptation_off_logs_nothing(target):
     assert drafter(target).take_log() is None
+
+
+def test_run_stores_the_adaptation_log_in_the_results(tmp_path):
+    """`specbench run` with adaptation: the drafter's decisions land in the rows' drafter_log, outputs equal ar's."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from specbench import cli
+
+    out = tmp_path / "sb.parquet"
+    result = CliRunner().invoke(cli.app, [
+        "run", "--target", "tiny-llama", "--drafter", "specblock", "--set", "path=random", "--set", "budget=12",
+        "--set", "adapt=bandit", "--set", "adapt_every=2", "--task", "humaneval", "--limit", "2",
+        "--max-new-tokens", "12", "--results-dir", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out)
+    logs = [json.loads(x) for x in rows["drafter_log"]]
+    decisions = [r for log in logs for r in log if r["event"] == "decision"]
+    assert decisions and all("arm" in r and "tau_before" in r for r in decisions)
+    base = pd.read_parquet(tmp_path / "sb.ar-baseline.parquet")
+    assert [list(x) for x in rows.sort_values("prompt_id")["output_ids"]] == \
+        [list(x) for x in base.sort_values("prompt_id")["output_ids"]]
