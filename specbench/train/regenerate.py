@@ -17,14 +17,25 @@ training on ChatGPT / GPT-4 answers. :func:`regenerate` does this:
   ``transformers``' ``generate``.
 * The cache is a JSONL file per (target, settings) under ``cache_dir``, appended and flushed after
   every batch: an interrupted run resumes where it stopped (a torn last line is ignored).
+* Shipped answers. Regenerating 200k tokens costs about an hour of CPU and a machine's cache may not
+  survive, so the repository can ship a cache (package data, :data:`SHIPPED_DIR`):
+  ``<target>-<key>.jsonl.gz``, a header line ``{"specbench_regenerated": 1, "target": name, "key":
+  {...}}`` (the same settings key as the local cache's file name: target digest, max_new_tokens,
+  version) followed by the cache's rows. :func:`regenerate` reads it as a seed before generating
+  anything (a row in the local cache wins); a torn file or one whose header does not match the
+  settings is ignored with a :class:`ShippedAnswersWarning`. :func:`export_shipped` (the
+  ``scripts/export-regenerated`` command) writes the local cache, merged with the shipped rows,
+  into that place.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +52,12 @@ if TYPE_CHECKING:
 
 # Bump when regenerate() would write different answers for the same inputs and settings.
 REGENERATION_VERSION = 1
+SHIPPED_DIR = Path(__file__).parent / "data" / "regenerated"  # package data: shipped answers
+SHIPPED_HEADER = "specbench_regenerated"
+
+
+class ShippedAnswersWarning(UserWarning):
+    """A shipped regeneration cache could not be used (torn, or made with other settings)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +103,13 @@ def first_exchange_prompt(messages: Sequence[dict]) -> list[dict] | None:
 
 
 class RegenCache:
-    """Answers already generated: one JSON object per line, ``{"id", "answer", "finished", "n_new"}``."""
+    """Answers already generated: one JSON object per line, ``{"id", "answer", "finished", "n_new"}``.
 
-    def __init__(self, path: Path):
+    ``seed``: rows known before the file (the shipped answers); the file's own rows win."""
+
+    def __init__(self, path: Path, seed: dict[str, dict] | None = None):
         self.path = path
-        self.rows: dict[str, dict] = {}
+        self.rows: dict[str, dict] = dict(seed or {})
         if path.exists():
             with path.open("r", encoding="utf-8") as f:
                 for line in f:
@@ -114,10 +133,85 @@ class RegenCache:
             self.rows[row["id"]] = row
 
 
+def settings_key(target, cfg: RegenConfig) -> dict:
+    """What makes two caches interchangeable: the target (its digest), the answer cap, the version."""
+    return {"target": target_digest(target), "max_new_tokens": cfg.max_new_tokens, "version": REGENERATION_VERSION}
+
+
+def _key_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def cache_path(cache_dir: Path, target, cfg: RegenConfig) -> Path:
-    recipe = json.dumps({"target": target_digest(target), "max_new_tokens": cfg.max_new_tokens,
-                         "version": REGENERATION_VERSION}, sort_keys=True)
-    return Path(cache_dir) / f"regen-{target.name.replace('/', '_')}-{hashlib.sha256(recipe.encode()).hexdigest()[:16]}.jsonl"
+    return Path(cache_dir) / f"regen-{target.name.replace('/', '_')}-{_key_hash(settings_key(target, cfg))}.jsonl"
+
+
+def shipped_path(target, cfg: RegenConfig, directory: Path = SHIPPED_DIR) -> Path:
+    """Where the repository ships the answers of ``target`` under ``cfg``'s settings."""
+    return Path(directory) / f"{target.name.replace('/', '_')}-{_key_hash(settings_key(target, cfg))}.jsonl.gz"
+
+
+def _read_shipped_file(path: Path) -> tuple[dict, dict[str, dict]]:
+    """(header, rows) of a shipped file; ValueError when it is torn or not one."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            header = json.loads(f.readline())
+            if not isinstance(header, dict) or header.get(SHIPPED_HEADER) != 1 or not isinstance(header.get("key"), dict):
+                raise ValueError("no specbench_regenerated header")
+            rows = {}
+            for line in f:
+                row = json.loads(line)
+                if not {"id", "answer", "finished", "n_new"} <= set(row):
+                    raise ValueError("a row lacks id/answer/finished/n_new")
+                rows[row["id"]] = row
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    return header, rows
+
+
+def read_shipped(target, cfg: RegenConfig, directory: Path = SHIPPED_DIR) -> dict[str, dict]:
+    """The shipped answers for ``target`` under ``cfg`` (empty when none ship). A torn file, or one
+    whose header names other settings, is ignored with a :class:`ShippedAnswersWarning`; so is the
+    case where answers ship for this target only under other settings (another cap or revision)."""
+    path = shipped_path(target, cfg, directory)
+    key = settings_key(target, cfg)
+    if not path.exists():
+        others = sorted(Path(directory).glob(f"{target.name.replace('/', '_')}-*.jsonl.gz")) if Path(directory).is_dir() else []
+        if others:
+            warnings.warn(f"regenerated answers ship for target '{target.name}' ({', '.join(p.name for p in others)}) but "
+                          f"not for these settings (max_new_tokens={cfg.max_new_tokens}, this revision of the target); "
+                          "generating them here", ShippedAnswersWarning, stacklevel=3)
+        return {}
+    try:
+        header, rows = _read_shipped_file(path)
+    except ValueError as exc:
+        warnings.warn(f"shipped regenerated answers {path.name} are unreadable ({exc}); ignored, generating them here",
+                      ShippedAnswersWarning, stacklevel=3)
+        return {}
+    if header["key"] != key:
+        warnings.warn(f"shipped regenerated answers {path.name} were made with other settings "
+                      f"({header['key']} != {key}); ignored, generating them here", ShippedAnswersWarning, stacklevel=3)
+        return {}
+    return rows
+
+
+def export_shipped(target, cfg: RegenConfig, cache_dir: Path, directory: Path = SHIPPED_DIR) -> tuple[Path, int]:
+    """Write the local cache of ``target`` under ``cfg`` (merged with the answers already shipped)
+    as the shipped file; returns its path and row count. Deterministic bytes (gzip mtime 0)."""
+    local = RegenCache(cache_path(cache_dir, target, cfg), read_shipped(target, cfg, directory))
+    if not local.rows:
+        raise ValueError(f"no regenerated answers for target '{target.name}' with max_new_tokens={cfg.max_new_tokens} "
+                         f"in {cache_dir}")
+    out = shipped_path(target, cfg, directory)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+        header = {SHIPPED_HEADER: 1, "target": target.name, "key": settings_key(target, cfg)}
+        gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
+        for row in local.rows.values():
+            gz.write((json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode())
+    tmp.replace(out)
+    return out, len(local.rows)
 
 
 @torch.inference_mode()
@@ -154,16 +248,18 @@ def regenerate(
     max_length: int,
     cfg: RegenConfig = RegenConfig(),
     progress: Callable[[int, int], Any] | None = None,
+    shipped_dir: Path = SHIPPED_DIR,
 ) -> tuple[Dataset, RegenStats]:
     """Conversations of ``ds`` (``id``, ``messages``) with target-written answers, ``budget_tokens`` worth.
 
     Stops early (and returns fewer tokens) when ``ds`` runs out. ``max_length`` is the tokenization
     length used to count loss tokens, as the trainer will cut them. ``progress(done, total)`` is
-    called with loss tokens gathered so far.
+    called with loss tokens gathered so far. Answers shipped in ``shipped_dir`` for these settings
+    count as cached (nothing is generated for them).
     """
     from datasets import Dataset
 
-    cache = RegenCache(cache_path(cache_dir, target, cfg))
+    cache = RegenCache(cache_path(cache_dir, target, cfg), read_shipped(target, cfg, shipped_dir))
     keys = _column(ds, "id")
     messages = _column(ds, "messages")
     order = sorted(range(len(keys)), key=lambda r: (_unit_hash("budget", cfg.seed, keys[r]), r))
@@ -235,4 +331,5 @@ def regenerate(
 
 
 __all__ = ["RegenConfig", "RegenStats", "regenerate", "generate_answers", "target_digest", "first_exchange_prompt",
-           "RegenCache", "cache_path"]
+           "RegenCache", "cache_path", "settings_key", "shipped_path", "read_shipped", "export_shipped", "SHIPPED_DIR",
+           "ShippedAnswersWarning"]
