@@ -592,7 +592,10 @@ def test_cli_train_all_three_families(setups, tmp_path, monkeypatch, wide_consol
         assert res.exit_code == 0, res.output
         summary = json.loads((outs[family] / "training.json").read_text())
         assert summary["finished"] and {"acc_0", "acc_6", "chain_tau"} <= set(summary["heldout"])
-        assert "## Final held-out metrics" in (outs[family] / "TRAINING.md").read_text()
+        card = (outs[family] / "TRAINING.md").read_text()
+        assert "## Final held-out metrics" in card and "## Root sensitivity" in card
+        probe = summary["root_probe"]
+        assert probe["acc_true_roots"] == summary["heldout"]["acc_0"] and isinstance(probe["ignores_root"], bool)
     setup = setups["tiny-llama"]
     models = {}
     for family in outs:

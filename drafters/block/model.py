@@ -354,7 +354,9 @@ class BlockModel(nn.Module):
     def forward_anchors_kv(self, block: Tensor, anchors: Tensor, kv: list[tuple[Tensor, Tensor]]) -> Tensor:
         """:meth:`forward_anchors` from :meth:`context_kv`'s keys and values."""
         s, a, b, _ = block.shape
-        t = kv[0][0].shape[-2]
+        # no block sees context rows at or after its root: keep the rows before the last root only
+        t = max(1, min(kv[0][0].shape[-2], int(anchors.max()) if anchors.numel() else 1))
+        kv = [(k[..., :t, :], v[..., :t, :]) for k, v in kv]
         device = block.device
         ctx_pos = torch.arange(t, device=device)
         block_pos = anchors[..., None] + torch.arange(b, device=device)  # [S, A, B]
