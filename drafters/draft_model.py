@@ -5,9 +5,16 @@ round it first brings its cache up to the committed sequence (it keeps the slots
 already run that were accepted, crops the rest, and runs the new committed tokens in one forward),
 then drafts:
 
-* ``top_k = 1`` (default): a chain of ``num_draft`` tokens, one draft forward each. At temperature
-  > 0 the chain is sampled from the draft's own distribution (same temperature / top-p / top-k as
-  the target) and those distributions go to the verifier (classic speculative sampling).
+* ``top_k = 1`` (default): a chain of up to ``num_draft`` tokens, one draft forward each. At
+  temperature > 0 the chain is sampled from the draft's own distribution (same temperature / top-p
+  / top-k as the target) and those distributions go to the verifier (classic speculative sampling).
+  Two options shorten or lengthen the chain the way transformers' ``AssistedCandidateGenerator``
+  does: ``schedule=heuristic`` starts at ``num_draft`` and adds 2 after a step whose drafts were all
+  accepted, else takes 1 away (at least 1; reset every generation, i.e. upstream's
+  ``heuristic_transient``); ``threshold=p`` stops the chain after the first draft token whose
+  probability under the drafter is below p (that token is kept, as upstream's ``ConfidenceCriteria``;
+  greedy: the top probability). Both depend on the drafter's own state only, so the output stays
+  the target's (greedy equality, exact sampling).
 * ``top_k > 1``: a tree; at each depth every frontier node gets its ``top_k`` most likely children
   and the ``top_k`` best new nodes by cumulative log-prob become the next frontier. Each depth is
   one draft forward over the whole tree so far (simple and exact; it recomputes ancestors, which
@@ -31,16 +38,25 @@ class DraftModelConfig:
     model: str = ""  # alias, tiny-*, or local directory of the draft LM (same tokenizer as the target)
     num_draft: int = 5  # chain length, or tree depth
     top_k: int = 1  # 1 = chain; > 1 = top-k tree
+    schedule: str = "constant"  # chain length: constant | heuristic (+2 when all accepted, else -1)
+    threshold: float = 0.0  # stop the chain after a draft token with probability below this (0 = off)
 
     def __post_init__(self) -> None:
         if self.num_draft < 1 or self.top_k < 1:
             raise ValueError("num_draft and top_k must be at least 1")
+        if self.schedule not in ("constant", "heuristic"):
+            raise ValueError(f"schedule must be constant or heuristic, got '{self.schedule}'")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold must lie in [0, 1), got {self.threshold}")
+        if self.top_k > 1 and (self.schedule != "constant" or self.threshold > 0):
+            raise ValueError("schedule and threshold apply to the chain (top_k=1) only")
 
 
 class DraftModelDrafter(Drafter):
     description = "draft model (SpS): a small LM with the same tokenizer drafts a chain or a top-k tree (--set model=...)"
     Config = DraftModelConfig
-    test_options = (("model=tiny-llama",), ("model=tiny-llama", "top_k=3", "num_draft=3"))
+    test_options = (("model=tiny-llama",), ("model=tiny-llama", "top_k=3", "num_draft=3"),
+                    ("model=tiny-llama", "schedule=heuristic", "num_draft=2", "threshold=0.3"))
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, target, config: DraftModelConfig | None = None):
@@ -67,6 +83,8 @@ class DraftModelDrafter(Drafter):
         self.sampling = sampling
         self.seq: list[int] = []  # committed tokens
         self.cached: list[int] = []  # tokens whose K/V the draft cache holds, in order
+        self.length = self.config.num_draft  # the chain length for the next step (heuristic schedule)
+        self.drafted = 0  # chain length proposed in the previous step
         self.draft.reset()
 
     def _sync(self) -> torch.Tensor:
@@ -82,6 +100,9 @@ class DraftModelDrafter(Drafter):
         return out.logits[-1]
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        if self.config.schedule == "heuristic" and ctx.accepted_nodes is not None and self.drafted:
+            accepted = ctx.accepted_nodes.numel() - 1
+            self.length = self.length + 2 if accepted == self.drafted else max(1, self.length - 1)
         self.seq.extend(ctx.tokens.tolist())
         logits = self._sync()
         if self.config.top_k == 1:
@@ -98,15 +119,20 @@ class DraftModelDrafter(Drafter):
         s = self.sampling
         tokens = [self.seq[-1]]
         probs_rows = []
-        for i in range(self.config.num_draft):
+        length, threshold = self.length, self.config.threshold
+        for i in range(length):
             if s.greedy:
                 tok = int(logits.argmax())
+                low = threshold > 0 and float(torch.softmax(logits.float(), -1)[tok]) < threshold
             else:
                 q = self._pad(target_probs(logits, s))
                 probs_rows.append(q)
                 tok = int(torch.multinomial(q, 1, generator=s.generator))
+                low = threshold > 0 and float(q[tok]) < threshold
             tokens.append(tok)
-            if i + 1 < self.config.num_draft:
+            if low:  # the drafter is unsure: this token is the last of the chain
+                break
+            if i + 1 < length:
                 logits = self.draft.forward_tree(chain([tok]), len(self.cached), last_logits_only=True).logits[-1]
                 self.cached.append(tok)
         tree = chain(torch.tensor(tokens, dtype=torch.long, device=device))
@@ -114,7 +140,8 @@ class DraftModelDrafter(Drafter):
         if probs_rows:  # row i = distribution node i's child was drawn from; the leaf has none
             probs_rows.append(torch.zeros_like(probs_rows[0]))
             draft_probs = torch.stack(probs_rows).to(device)
-        return DraftTree(tokens=tree.tokens, parents=tree.parents, draft_probs=draft_probs, n_forwards=self.config.num_draft)
+        self.drafted = len(tokens) - 1
+        return DraftTree(tokens=tree.tokens, parents=tree.parents, draft_probs=draft_probs, n_forwards=self.drafted)
 
     def _tree(self, device) -> DraftTree:
         k = self.config.top_k

@@ -1,0 +1,414 @@
+"""Choose the training-free drafters' defaults by measurement: ``python -m specbench.replay ngram|draft-model``.
+
+Greedy decoding is deterministic, so a drafter's acceptance does not depend on timing: the target's
+greedy output of each prompt is generated ONCE (``ar``, cached under ``$SPECBENCH_CACHE/replay``) and
+every setting is replayed against it, step by step, with the drafter's own code:
+
+* ``ngram``: the real :class:`~drafters.ngram.NGramDrafter` proposes, the proposal is walked against
+  the reference output (exactly what greedy verification accepts), and the committed tokens are fed
+  back. Its own proposal time is measured.
+* ``draft-model`` (chain): the draft LM is run teacher-forced over prompt + reference output once,
+  giving its greedy token and top probability at every position; wherever its token is wrong the
+  chain it would keep drafting is run too (up to ``--off-path`` tokens, from a cropped cache), so
+  every schedule (constant / heuristic) and confidence threshold is replayed exactly; a chain still
+  drafting after ``--off-path`` wrong tokens is assumed to run to its length (a cost upper bound).
+
+Time per step comes from a cost profile measured in the same process, interleaved: the target's
+forward of n tokens (``T_t(n)``, the verify of an n-node chain) and, for draft-model, the draft LM's
+forward of 1 and 2 tokens. Predicted decode speedup over ``ar`` = ``N * T_t(1) / sum(step costs)``.
+The machine may be shared: the profile is a median of interleaved rounds, and the chosen defaults
+are then checked end to end against transformers by ``python -m specbench.bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.decode import generate
+from specbench.drafter import DraftContext, Sampling, drafter_class, parse_config
+from specbench.errors import UserError
+from specbench.targets import Target, load_target
+from specbench.tasks import load_task, render_chat, select
+from specbench.tree import chain
+
+DEFAULT_TASKS = ("humaneval", "mbpp", "gsm8k", "mt-bench")
+
+
+# --------------------------------------------------------------------------- reference outputs
+
+
+@dataclass(frozen=True)
+class Ref:
+    task: str
+    id: str
+    prompt: list[int]
+    output: list[int]
+
+
+def greedy_outputs(target: Target, prompts: list[list[int]], max_new: int, batch: int) -> list[list[int]]:
+    """Greedy continuations, up to and including the first stop token. ``batch`` > 1 runs that many
+    prompts at once through transformers' ``generate`` (left-padded; far faster on a busy CPU, and
+    any greedy text serves for tuning); 1 runs specbench's own ``ar`` loop prompt by prompt."""
+    stop = set(target.stop_token_ids)
+    if batch <= 1:
+        ar = drafter_class("ar")(target)
+        return [generate(target, ar, torch.tensor(ids), max_new, Sampling()).output_ids for ids in prompts]
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else next(iter(stop))
+    outs = []
+    for start in range(0, len(prompts), batch):
+        group = prompts[start : start + batch]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        with torch.inference_mode():
+            gen = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
+                                        max_new_tokens=max_new, eos_token_id=list(stop), pad_token_id=pad)
+        for row in gen[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+            outs.append(row[:cut])
+    return outs
+
+
+def references(target: Target, tasks: list[str], limit: int, seed: int, max_new: int, cache: Path | None,
+               batch: int = 1) -> list[Ref]:
+    """The target's greedy output of the first turn of each selected prompt (cached as JSON per task)."""
+    refs = []
+    for task in tasks:
+        key = hashlib.sha256(json.dumps([target.name, task, limit, seed, max_new, batch > 1]).encode()).hexdigest()[:12]
+        path = None if cache is None else cache / f"refs-{target.name.replace('/', '_')}-{task}-{key}.json"
+        if path is not None and path.exists():
+            refs += [Ref(**r) for r in json.loads(path.read_text())]
+            continue
+        chosen = select(load_task(task), limit, seed)
+        prompts = [render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in chosen]
+        mine = [Ref(task, p.id, list(ids), out) for p, ids, out in zip(chosen, prompts, greedy_outputs(target, prompts, max_new, batch))]
+        print(f"references {task}: {len(chosen)} prompts", flush=True)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps([r.__dict__ for r in mine]))
+        refs += mine
+    return refs
+
+
+# --------------------------------------------------------------------------- cost profile
+
+
+def forward_costs(model: Target, context: list[int], sizes: list[int], rounds: int) -> dict[int, float]:
+    """Median seconds of one forward of n tokens after ``context`` (interleaved over sizes)."""
+    model.prefill(torch.tensor(context))
+    pos = len(context)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    filler = (context * (1 + max(sizes) // max(1, len(context))))[: max(sizes)]
+    for r in range(rounds + 1):
+        for n in sizes:
+            t0 = time.perf_counter()
+            model.forward_tree(chain(filler[:n]), pos, last_logits_only=False)
+            dt = time.perf_counter() - t0
+            model.truncate(pos)
+            if r:  # round 0 warms up
+                times[n].append(dt)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def _cost(costs: dict[int, float], n: int) -> float:
+    if n in costs:
+        return costs[n]
+    lo = max(k for k in costs if k <= n)  # beyond the profile: linear from the two largest sizes
+    hi_sizes = sorted(costs)[-2:]
+    slope = (costs[hi_sizes[1]] - costs[hi_sizes[0]]) / max(1, hi_sizes[1] - hi_sizes[0])
+    return costs[lo] + slope * (n - lo)
+
+
+# --------------------------------------------------------------------------- ngram replay
+
+
+def replay_ngram(drafter, ref: Ref) -> tuple[int, list[int], float]:
+    """(steps, tree sizes, proposal seconds) of ``drafter`` on ``ref`` under greedy verification."""
+    drafter.reset(Sampling())
+    out = ref.output
+    new = list(ref.prompt)
+    pos = len(ref.prompt) - 1
+    i = 0
+    sizes = []
+    draft_s = 0.0
+    while i < len(out):
+        t0 = time.perf_counter()
+        tree = drafter.propose(DraftContext(tokens=torch.tensor(new), features=None, pos=pos, accepted_nodes=None))
+        draft_s += time.perf_counter() - t0
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        children: dict[int, dict[int, int]] = {}
+        for node in range(1, len(tokens)):
+            children.setdefault(parents[node], {})[tokens[node]] = node
+        node, acc = 0, 0
+        while i + acc < len(out) - 1 and out[i + acc] in children.get(node, {}):
+            node = children[node][out[i + acc]]
+            acc += 1
+        new = out[i : i + acc + 1]
+        i += acc + 1
+        pos += acc + 1
+        sizes.append(len(tokens))
+    return len(sizes), sizes, draft_s
+
+
+def sweep_ngram(target: Target, refs: list[Ref], costs: dict[int, float], grid: list[dict]) -> list[dict]:
+    cls = drafter_class("ngram")
+    rows = []
+    for opts in grid:
+        cfg = parse_config(cls.Config, [f"{k}={v}" for k, v in opts.items()])
+        drafter = cls(target, cfg)
+        per_task: dict[str, dict[str, float]] = {}
+        for ref in refs:
+            steps, sizes, draft_s = replay_ngram(drafter, ref)
+            t = per_task.setdefault(ref.task, dict(tokens=0, steps=0, time=0.0, ar_time=0.0, draft_s=0.0, nodes=0))
+            t["tokens"] += len(ref.output)
+            t["steps"] += steps
+            t["nodes"] += sum(sizes) - steps
+            t["draft_s"] += draft_s
+            t["time"] += sum(_cost(costs, s) for s in sizes) + draft_s
+            t["ar_time"] += len(ref.output) * costs[1]
+        row = dict(opts)
+        speedups = []
+        for task, t in per_task.items():
+            row[f"tau_{task}"] = t["tokens"] / t["steps"]
+            row[f"speedup_{task}"] = t["ar_time"] / t["time"]
+            speedups.append(row[f"speedup_{task}"])
+        tot = {k: sum(t[k] for t in per_task.values()) for k in ("tokens", "steps", "time", "ar_time", "draft_s", "nodes")}
+        row["tau"] = tot["tokens"] / tot["steps"]
+        row["drafts_per_step"] = tot["nodes"] / tot["steps"]
+        row["draft_ms_per_step"] = 1e3 * tot["draft_s"] / tot["steps"]
+        row["speedup"] = tot["ar_time"] / tot["time"]
+        row["speedup_geomean"] = statistics.geometric_mean(speedups)
+        rows.append(row)
+    return rows
+
+
+def ngram_grid(quick: bool) -> list[dict]:
+    if quick:
+        return [dict(match=m, max_n=3, num_draft=4) for m in ("first", "recent", "longest")]
+    grid = []
+    for match, max_n, num_draft in itertools.product(("first", "recent", "longest"), (1, 2, 3, 4, 5), (3, 4, 5, 7, 10)):
+        grid.append(dict(match=match, max_n=max_n, num_draft=num_draft))
+    for match, branches in itertools.product(("recent", "longest"), (2, 3)):
+        for num_draft in (4, 7):
+            grid.append(dict(match=match, max_n=3, num_draft=num_draft, branches=branches))
+    for min_n in (2,):
+        for match in ("first", "longest"):
+            grid.append(dict(match=match, max_n=3, min_n=min_n, num_draft=5))
+    return grid
+
+
+# --------------------------------------------------------------------------- draft-model replay
+
+
+@dataclass
+class DraftTrace:
+    """The draft LM's greedy token and top probability at every output position of one reference,
+    and, where that token is wrong, the top probabilities of the chain it keeps drafting."""
+
+    token: list[int]
+    prob: list[float]
+    off: dict[int, list[float]]  # output index j (token[j] != output[j]) -> probs of the following drafts
+
+
+@torch.inference_mode()
+def trace_draft(draft: Target, ref: Ref, off_path: int, min_threshold: float) -> DraftTrace:
+    seq = ref.prompt + ref.output
+    p0 = len(ref.prompt)
+    draft.prefill(torch.tensor(seq[: p0 - 1]))
+    logits = draft.forward_tree(chain(seq[p0 - 1 : -1]), p0 - 1).logits  # row k predicts seq[p0 + k]
+    probs = torch.softmax(logits.float(), -1)
+    top = probs.max(-1)
+    token, prob = top.indices.tolist(), top.values.tolist()
+    off: dict[int, list[float]] = {}
+    have = len(seq) - 1  # the cache holds the true sequence up to here
+    for j, (d, p) in enumerate(zip(token, prob)):
+        if d == ref.output[j] or p < min_threshold or off_path == 0:
+            continue
+        base = p0 + j  # the wrong draft sits at this position, after the true seq[:base]
+        if have > base:
+            draft.truncate(base)
+        elif have < base:  # an earlier off-path run cropped the cache: bring the true tokens back
+            draft.forward_tree(chain(seq[have:base]), have, last_logits_only=True)
+        have = base
+        tok, chain_probs = d, []
+        for k in range(off_path):
+            lg = draft.forward_tree(chain([tok]), base + k, last_logits_only=True).logits[-1]
+            q = torch.softmax(lg.float(), -1)
+            pk, tok = (float(x) for x in q.max(-1))
+            tok = int(tok)
+            chain_probs.append(pk)
+            if pk < min_threshold:
+                break
+        draft.truncate(base)
+        off[j] = chain_probs
+    return DraftTrace(token, prob, off)
+
+
+def replay_chain(trace: DraftTrace, out: list[int], num_draft: int, schedule: str, threshold: float,
+                 ) -> list[tuple[int, int, int]]:
+    """Steps of a draft chain against the reference: (drafted, accepted, catch-up tokens) each."""
+    i, length, steps = 0, num_draft, []
+    catch_up = 1
+    while i < len(out):
+        drafted, acc, wrong = 0, 0, False
+        while drafted < length:
+            j = i + drafted
+            if j >= len(out) - 1 and not wrong:  # nothing left to verify against: the chain stops here
+                break
+            if not wrong:
+                p = trace.prob[j]
+                wrong = trace.token[j] != out[j]
+                if not wrong:
+                    acc += 1
+                drafted += 1
+                if p < threshold:
+                    break
+                if wrong:
+                    off = trace.off.get(j)
+                    off_iter = iter(off) if off is not None else iter(())
+            else:
+                q = next(off_iter, None)
+                drafted += 1
+                if q is not None and q < threshold:
+                    break
+        steps.append((drafted, acc, catch_up))
+        catch_up = 2 if drafted and acc == drafted else 1
+        if schedule == "heuristic" and drafted:
+            length = length + 2 if acc == drafted else max(1, length - 1)
+        i += acc + 1
+    return steps
+
+
+def sweep_draft_model(refs: list[Ref], traces: list[DraftTrace], t_costs: dict[int, float], d_costs: dict[int, float],
+                      grid: list[dict]) -> list[dict]:
+    rows = []
+    for opts in grid:
+        tokens = steps_n = drafted_n = 0
+        time_s = ar_s = draft_s = 0.0
+        for ref, tr in zip(refs, traces):
+            for drafted, acc, catch_up in replay_chain(tr, ref.output, opts["num_draft"], opts["schedule"], opts["threshold"]):
+                d = (_cost(d_costs, catch_up) + (drafted - 1) * d_costs[1]) if drafted else 0.0
+                draft_s += d
+                time_s += d + _cost(t_costs, drafted + 1)
+                steps_n += 1
+                drafted_n += drafted
+            tokens += len(ref.output)
+            ar_s += len(ref.output) * t_costs[1]
+        rows.append(dict(opts, tau=tokens / steps_n, drafts_per_step=drafted_n / steps_n, draft_share=draft_s / time_s,
+                         speedup=ar_s / time_s))
+    return rows
+
+
+def draft_model_grid() -> list[dict]:
+    grid = []
+    for schedule, num_draft, threshold in itertools.product(("constant", "heuristic"), (2, 3, 4, 5, 7, 10, 20),
+                                                            (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)):
+        grid.append(dict(schedule=schedule, num_draft=num_draft, threshold=threshold))
+    return grid
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _markdown(rows: list[dict], keys: list[str], sort: str, top: int | None = None) -> list[str]:
+    rows = sorted(rows, key=lambda r: -r[sort])[:top]
+    out = ["| " + " | ".join(keys) + " |", "|" + "|".join("---:" for _ in keys) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(f"{r.get(k, ''):.3f}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys) + " |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specbench.fetch import cache_root
+    from specbench.results import env_fingerprint
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("drafter", choices=("ngram", "draft-model"))
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default="", help="draft-model: the draft LM (alias or directory)")
+    ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
+    ap.add_argument("--limit", type=int, default=10, help="prompts per task")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the cost profile")
+    ap.add_argument("--off-path", type=int, default=8, help="draft-model: wrong-chain tokens run per miss")
+    ap.add_argument("--batch", type=int, default=10, help="reference outputs: prompts per batched transformers generate "
+                    "(1 = specbench's own ar loop, prompt by prompt)")
+    ap.add_argument("--quick", action="store_true", help="a 3-setting ngram grid (tests)")
+    ap.add_argument("--refs-only", action="store_true", help="only generate (and cache) the reference outputs")
+    ap.add_argument("--no-cache", action="store_true", help="do not read or write cached reference outputs")
+    ap.add_argument("--out", type=Path, default=None, help="markdown report (default reports/replay_<drafter>_<target>.md)")
+    args = ap.parse_args(argv)
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    target = load_target(args.target)
+    refs = references(target, tasks, args.limit, args.seed, args.max_new_tokens, None if args.no_cache else cache_root() / "replay",
+                      args.batch)
+    if not refs:
+        raise UserError("no prompts selected")
+    if args.refs_only:
+        return
+    plen = sorted(len(r.prompt) for r in refs)[len(refs) // 2]
+    context = (refs[0].prompt + refs[0].output) * (1 + (plen + args.max_new_tokens // 2) // max(1, len(refs[0].prompt) + len(refs[0].output)))
+    context = context[: plen + args.max_new_tokens // 2]
+    env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
+    cmd = "python -m specbench.replay " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    head = [f"# Tuning `{args.drafter}` on {args.target}", "", f"`{cmd}`", "",
+            f"Machine: {env['cpu_model']}, {env['threads']} threads, {env['device']} {env['dtype']}, torch {env['torch_version']}, "
+            f"transformers {env['transformers_version']}, specbench {env['specbench_sha']}. The CPU was shared with other "
+            "processes: the cost profile is the median of interleaved rounds; speedups are predicted from it (see specbench/replay.py).",
+            "", f"Prompts: {len(refs)} ({', '.join(f'{t} {sum(r.task == t for r in refs)}' for t in tasks)}), first turn, "
+            f"greedy ({'batched transformers generate' if args.batch > 1 else 'specbench ar'}), up to {args.max_new_tokens} new tokens ({sum(len(r.output) for r in refs)} tokens in all).", ""]
+    if args.drafter == "ngram":
+        sizes = list(range(1, 12)) + [13, 16, 22, 31]
+        costs = forward_costs(target, context, sizes, args.rounds)
+        rows = sweep_ngram(target, refs, costs, ngram_grid(args.quick))
+        keys = ["match", "max_n", "min_n", "num_draft", "branches", "tau", "drafts_per_step", "draft_ms_per_step",
+                "speedup", "speedup_geomean"] + [f"speedup_{t}" for t in tasks] + [f"tau_{t}" for t in tasks]
+        profile = costs
+    else:
+        if not args.draft:
+            raise UserError("draft-model tuning needs --draft (the draft LM)")
+        draft = load_target(args.draft)
+        grid = draft_model_grid()
+        min_thr = min(g["threshold"] for g in grid if g["threshold"] > 0)
+        traces = []
+        for ref in refs:
+            traces.append(trace_draft(draft, ref, args.off_path, min_thr))
+            print(f"traced {ref.task}/{ref.id}", flush=True)
+        sizes = list(range(1, 12)) + [13, 16, 22]
+        t_costs, d_costs = {}, {}
+        for _ in range(2):  # two interleaved halves of target and draft profiles
+            half = max(1, args.rounds // 2)
+            for store, model, sz in ((t_costs, target, sizes), (d_costs, draft, [1, 2])):
+                for n, v in forward_costs(model, context, sz, half).items():
+                    store.setdefault(n, []).append(v)
+        t_costs = {n: statistics.mean(v) for n, v in t_costs.items()}
+        d_costs = {n: statistics.mean(v) for n, v in d_costs.items()}
+        rows = sweep_draft_model(refs, traces, t_costs, d_costs, grid)
+        keys = ["schedule", "num_draft", "threshold", "tau", "drafts_per_step", "draft_share", "speedup"]
+        profile = {**{f"target_{n}": v for n, v in t_costs.items()}, **{f"draft_{n}": v for n, v in d_costs.items()}}
+    best = max(rows, key=lambda r: r["speedup"])
+    lines = head + ["Cost profile (ms per forward of n tokens): " + ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in profile.items()), "",
+                    f"Best by predicted decode speedup: {json.dumps({k: best[k] for k in keys if k in best and not isinstance(best[k], float)})} "
+                    f"(tau {best['tau']:.2f}, predicted speedup {best['speedup']:.3f}).", "",
+                    f"## All {len(rows)} settings, best first", ""]
+    lines += _markdown(rows, [k for k in keys if any(k in r for r in rows)], "speedup")
+    out = args.out or Path(f"reports/replay_{args.drafter.replace('-', '_')}_{args.target}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(dict(command=cmd, env=env, profile_s=profile, rows=rows), indent=1))
+    print("\n".join(lines[: len(head) + 12]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The training-free drafters' options (ngram match rules, draft-model schedule and confidence stop),
+the replay that tunes them (specbench/replay.py) against real decoding, and `specbench bench` (no
+timing assertions: the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specbench import bench, replay
+from specbench.decode import generate
+from specbench.drafter import DraftContext, Sampling, UserError, drafter_class, parse_config
+from specbench.targets import load_target
+from specbench.tasks import load_task, render_chat
+
+
+class _Target:  # the ngram drafter reads only the stop tokens
+    stop_token_ids = (99,)
+
+
+def ngram(*opts: str):
+    cls = drafter_class("ngram")
+    return cls(_Target(), parse_config(cls.Config, list(opts)))
+
+
+def first_proposal(drafter, history: list[int]) -> list[list[int]]:
+    drafter.reset(Sampling())
+    tree = drafter.propose(DraftContext(tokens=torch.tensor(history), features=None, pos=len(history) - 1, accepted_nodes=None))
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    leaves = [i for i in range(len(tokens)) if i not in parents]
+    paths = []
+    for leaf in leaves:
+        path, node = [], leaf
+        while node > 0:
+            path.append(tokens[node])
+            node = parents[node]
+        paths.append(path[::-1])
+    return [p for p in paths if p]
+
+
+# history: "5 1 2 | 3 4" early, "7 1 2 | 8 9" later, ends with "... 7 1 2": the bigram (1, 2) occurs twice
+HISTORY = [5, 1, 2, 3, 4, 0, 7, 1, 2, 8, 9, 0, 6, 6, 7, 1, 2]
+
+
+@pytest.mark.parametrize("rule, expected", [("first", [3, 4, 0]), ("recent", [8, 9, 0]), ("longest", [8, 9, 0])])
+def test_ngram_match_rules(rule, expected):
+    assert first_proposal(ngram(f"match={rule}", "max_n=2", "num_draft=3"), HISTORY) == [expected]
+
+
+def test_ngram_longest_prefers_the_longer_context_over_recency():
+    # (1, 2) occurs after "7" early and after "5" late; the suffix is "7 1 2": longest picks the early one
+    history = [7, 1, 2, 3, 4, 0, 5, 1, 2, 8, 9, 0, 7, 1, 2]
+    assert first_proposal(ngram("match=longest", "max_n=2", "num_draft=2"), history) == [[3, 4]]
+    assert first_proposal(ngram("match=recent", "max_n=2", "num_draft=2"), history) == [[8, 9]]
+
+
+def test_ngram_falls_back_to_shorter_ngrams_and_cuts_at_stop_tokens():
+    # no earlier (3, 2, 1); 1 occurs before: continuation 1 -> 5 99 (cut after the stop token 99)
+    history = [1, 5, 99, 4, 3, 2, 1]
+    assert first_proposal(ngram("max_n=3", "num_draft=5"), history) == [[5, 99]]
+    assert first_proposal(ngram("max_n=3", "min_n=2", "num_draft=5"), history) == []
+
+
+def test_ngram_branches_are_distinct_continuations():
+    paths = first_proposal(ngram("match=recent", "max_n=2", "num_draft=2", "branches=2"), HISTORY)
+    assert sorted(paths) == [[3, 4], [8, 9]]
+
+
+def test_ngram_options_refused_in_one_line():
+    cls = drafter_class("ngram")
+    with pytest.raises(UserError, match="match must be one of"):
+        parse_config(cls.Config, ["match=best"])
+    cls = drafter_class("draft-model")
+    for bad, msg in ((["schedule=fast"], "schedule must be"), (["threshold=1.5"], "threshold must lie"),
+                     (["top_k=2", "threshold=0.3"], "chain .top_k=1. only")):
+        with pytest.raises(UserError, match=msg):
+            parse_config(cls.Config, ["model=tiny-llama", *bad])
+
+
+# --------------------------------------------------------------------------- replay == real decoding
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = load_target("tiny-llama", device="cpu", dtype="float32")
+    tok = target.tokenizer
+    texts = [p.turns[0][-60:] for p in load_task("humaneval")[:3]] + ["abc abc abc abc abc", "the cat sat on the mat. the cat"]
+    prompts = [render_chat(tok, [{"role": "user", "content": t}]) for t in texts]
+    return target, prompts
+
+
+@pytest.fixture(scope="module")
+def loopy():
+    """tiny-qwen3 on plain repetitive prompts repeats itself now and then within 150 tokens."""
+    target = load_target("tiny-qwen3", device="cpu", dtype="float32")
+    texts = ["abc abc abc abc abc", "1 2 3 1 2 3 1 2 3 1 2 3", "ab ab ab ab ab ab ab"]
+    return target, [target.tokenizer.encode(t) for t in texts]
+
+
+@pytest.mark.parametrize("opts", [(), ("match=first", "max_n=2", "num_draft=4"), ("match=recent", "branches=3")])
+def test_ngram_replay_equals_decoding(loopy, opts):
+    target, prompts = loopy
+    cls = drafter_class("ngram")
+    drafter = cls(target, parse_config(cls.Config, list(opts)))
+    accepted_any = False
+    for ids in prompts:
+        g = generate(target, drafter, torch.tensor(ids), 150, Sampling())
+        steps, sizes, _ = replay.replay_ngram(drafter, replay.Ref("t", "p", ids, g.output_ids))
+        assert steps == len(g.steps)
+        assert sizes == [s.tree_size for s in g.steps]
+        accepted_any |= any(s.accepted for s in g.steps)
+    assert accepted_any
+
+
+@pytest.mark.parametrize("opts", [
+    dict(schedule="constant", num_draft=3, threshold=0.0),
+    dict(schedule="heuristic", num_draft=2, threshold=0.0),
+    dict(schedule="constant", num_draft=6, threshold=0.5),
+    dict(schedule="heuristic", num_draft=3, threshold=0.3),
+])
+def test_draft_model_replay_equals_decoding(tiny, opts):
+    """The chain replayed from one teacher-forced trace (plus the off-path chains) takes the same
+    steps as the real drafter: same drafted and accepted counts, the schedule and the stop included."""
+    target, prompts = tiny
+    cls = drafter_class("draft-model")
+    drafter = cls(target, parse_config(cls.Config, ["model=tiny-llama3", *(f"{k}={v}" for k, v in opts.items())]))
+    lengths = set()
+    for ids in prompts:
+        g = generate(target, drafter, torch.tensor(ids), 48, Sampling())
+        trace = replay.trace_draft(drafter.draft, replay.Ref("t", "p", ids, g.output_ids), off_path=64, min_threshold=0.3)
+        steps = replay.replay_chain(trace, g.output_ids, opts["num_draft"], opts["schedule"], opts["threshold"])
+        real = [(s.tree_size - 1, s.accepted) for s in g.steps]
+        # the last step may differ: the replay stops drafting where the reference ends
+        assert [(d, a) for d, a, _ in steps][:-1] == real[:-1]
+        assert len(steps) == len(real)
+        lengths |= {d for d, _ in real}
+    if opts["schedule"] == "heuristic" or opts["threshold"] > 0:
+        assert len(lengths) > 1  # the chain length did change
+
+
+def test_draft_model_heuristic_schedule_follows_upstream_rule(tiny):
+    target, prompts = tiny
+    cls = drafter_class("draft-model")
+    drafter = cls(target, parse_config(cls.Config, ["model=tiny-llama3", "schedule=heuristic", "num_draft=2"]))
+    g = generate(target, drafter, torch.tensor(prompts[3]), 48, Sampling())
+    length = 2
+    for step in g.steps:
+        assert step.tree_size - 1 == length
+        length = length + 2 if step.accepted == length else max(1, length - 1)
+
+
+def test_replay_cli_writes_reports(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "ng.md"
+    replay.main(["ngram", "--target", "tiny-llama", "--tasks", "humaneval,mt-bench", "--limit", "1", "--max-new-tokens", "12",
+                 "--quick", "--rounds", "1", "--out", str(out)])
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert {r["match"] for r in data["rows"]} == {"first", "recent", "longest"}
+    assert all(r["tau"] >= 1.0 for r in data["rows"])
+    assert "Best by predicted decode speedup" in out.read_text()
+    assert list((tmp_path / "cache" / "replay").glob("refs-*.json"))  # the references are cached
+
+
+def test_bench_pairs_and_report(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    bench.main(["--target", "tiny-llama", "--limit", "2", "--max-new-tokens", "10", "--draft", "tiny-llama",
+                "--ngram-set", "num_draft=3", "--draft-set", "num_draft=2", "--hf-assist", "num_assistant_tokens=2", "--out", str(out)])
+    assert "specbench vs transformers" in capsys.readouterr().out  # the rich table
+    report = json.loads(out.with_suffix(".json").read_text())
+    summary = report["summary"]
+    assert list(summary) == ["ar", "ngram", "draft-model"]
+    for s in summary.values():
+        assert s["prompts"] == 2 and s["same_as_ar"] == 2  # specbench is lossless
+        assert s["hf_same_as_hf_greedy"] == 2  # and so is transformers on these
+        assert s["tok_s"] > 0 and s["hf_tok_s"] > 0 and s["ratio"] > 0
+    assert json.loads(summary["ngram"]["hf_settings"]) == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 3}
+    assert json.loads(summary["draft-model"]["hf_settings"])["num_assistant_tokens"] == 2
+    assert summary["draft-model"]["tau"] > 2.0  # a draft identical to the target is always accepted
+    assert "| ngram | prompt lookup |" in out.read_text()
+
+
+def test_bench_refuses_unknown_pair_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "specbench.bench", "--target", "tiny-llama", "--pairs", "ar,eagle"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["error: unknown pair 'eagle' in --pairs; choose from ar, ngram, draft-model"]
