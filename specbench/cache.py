@@ -41,13 +41,14 @@ def commit_path(cache: DynamicCache, pos: int, path: list[int]) -> None:
 
 
 def commit_path_gather(cache: DynamicCache, pos: int, path: list[int]) -> None:
-    """The general (and obviously correct) commit: gather prefix + path slots into new tensors."""
-    for layer in _layers(cache):
-        index = torch.cat(
-            [
-                torch.arange(pos, device=layer.keys.device),
-                pos + torch.as_tensor(path, dtype=torch.long, device=layer.keys.device),
-            ]
-        )
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+    """The general commit: copy the path's slots to ``pos .. pos + len(path)`` in place (the
+    prefix is not copied), then crop the rest."""
+    keep = pos + len(path)
+    with torch.inference_mode():
+        for layer in _layers(cache):
+            index = pos + torch.as_tensor(path, dtype=torch.long, device=layer.keys.device)
+            layer.keys[..., pos:keep, :] = layer.keys.index_select(-2, index)
+            layer.values[..., pos:keep, :] = layer.values.index_select(-2, index)
+    total = cache_length(cache)
+    if total > keep:
+        cache.crop(keep - total)

@@ -641,6 +641,52 @@ def hardware_calibrate(
         out_console.print(f"figure: {p}")
 
 
+@hardware_app.command("overhead")
+def hardware_overhead(
+    target: str = typer.Option("smollm2-135m", "--target", help="alias, random:CONFIG shape target, tiny-*, local directory"),
+    nodes: int = typer.Option(256, "--nodes", help="tree size, root included"),
+    depth: int = typer.Option(8, "--depth", help="layers below the root (a path this deep is accepted)"),
+    context: int = typer.Option(512, "--context", help="cached positions before the step"),
+    repeats: int = typer.Option(10, "--repeats", help="timed steps (median kept per part)"),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0 = leave as is)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """The harness's own time per decode step (tree build, mask, acceptance, commit) against the target forward."""
+    import json
+
+    import torch
+
+    from specbench.hardware.overhead import PARTS, measure_overhead
+    from specbench.targets import load_target
+
+    if fmt not in ("table", "json"):
+        raise UserError(f"unknown --format '{fmt}'; use table or json")
+    if threads < 0:
+        raise UserError(f"--threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    with Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        job = bar.add_task(f"step overhead on {target}", label="loading")
+        tgt = load_target(target, device, dtype)
+        result = measure_overhead(tgt, target, nodes=nodes, depth=depth, context=context, repeats=repeats,
+                                  progress=lambda label: bar.update(job, label=label))
+    if fmt == "json":
+        typer.echo(json.dumps(result.as_json()))
+        return
+    table = Table(title=f"one greedy step of {target}: {result.nodes} nodes, {result.accepted} accepted, context "
+                        f"{result.context}, {result.device} {result.dtype}, {result.threads} threads (median of {repeats})")
+    for col in ("part", "ms", "share of step"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for part in PARTS:
+        ms = result.ms[part]
+        table.add_row(part + (" (model)" if part == "forward" else ""), f"{ms:.3f}", f"{ms / result.step_ms:.2%}")
+    table.add_row("[bold]harness (all but the forward)", f"{result.non_model_ms:.3f}", f"[bold]{result.non_model_share:.2%}")
+    out_console.print(table)
+
+
 @app.command()
 def profile(
     target: str = typer.Option(..., "--target", help="alias, random:CONFIG shape target, tiny-*, local directory"),

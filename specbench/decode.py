@@ -12,7 +12,7 @@ timed as draft (1) / verify (2 + 3) / other (4 + 5 and bookkeeping).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -47,6 +47,33 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def advance(target: Target, tree, result, out, pos: int) -> tuple[list[int], DraftContext]:
+    """Steps 4 and 5: commit the accepted path's K/V right after the prefix, and the drafter's next
+    context: accepted drafts + bonus (the new root), with the features of the root and the accepted
+    nodes (never of the bonus: it was not run). Returns (new tokens, context)."""
+    dev = target.device
+    target.commit(pos, result.path)
+    path = torch.as_tensor(result.path, device=dev)
+    drafts = result.tokens if result.tokens is not None else tree.tokens[path[1:]].tolist()
+    new_tokens = drafts + [result.bonus]
+    ctx = DraftContext(
+        tokens=torch.tensor(new_tokens, dtype=torch.long, device=dev),
+        features=None if out.features is None else out.features[path],
+        pos=pos + len(result.path),
+        accepted_nodes=path,
+    )
+    return new_tokens, ctx
+
+
+def emit(output: list[int], new_tokens: list[int], stop: set[int], max_new_tokens: int) -> bool:
+    """Append ``new_tokens`` up to and including the first stop token or the length limit; True when done."""
+    for tok in new_tokens:
+        output.append(tok)
+        if tok in stop or len(output) >= max_new_tokens:
+            return True
+    return False
+
+
 def generate(
     target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_tokens: int, sampling: Sampling
 ) -> Generation:
@@ -66,6 +93,7 @@ def generate(
 
     output: list[int] = []
     steps: list[Step] = []
+    depths: list[Tensor | None] = []
     t_prev = t_start
     while True:
         # 1. propose a tree rooted at the last committed token
@@ -75,31 +103,18 @@ def generate(
         out = target.forward_tree(tree, pos, layers)
         result = verify(tree, out.logits, sampling)
         t_verify = _clock(dev)
-        # 4. keep the accepted path's K/V right after the prefix
-        target.commit(pos, result.path)
-        path = torch.as_tensor(result.path, device=dev)
-        new_tokens = tree.tokens[path[1:]].tolist() + [result.bonus]
+        # 4. keep the accepted path's K/V right after the prefix; 5. the drafter's next context
+        new_tokens, ctx = advance(target, tree, result, out, pos)
+        pos = ctx.pos
         # count tokens the same way for every method: up to and including the first stop token
-        done = False
-        for tok in new_tokens:
-            output.append(tok)
-            if tok in stop or len(output) >= max_new_tokens:
-                done = True
-                break
-        # 5. tell the drafter what was committed: accepted drafts + bonus (the new root), with the
-        #    features of the root and the accepted nodes (never of the bonus: it was not run)
-        pos += len(result.path)
-        ctx = DraftContext(
-            tokens=torch.tensor(new_tokens, dtype=torch.long, device=dev),
-            features=None if out.features is None else out.features[path],
-            pos=pos,
-            accepted_nodes=path,
-        )
+        done = emit(output, new_tokens, stop, max_new_tokens)
         t_end = _clock(dev)
+        # the tree's depth stays on the device until the generation ends (no sync per step)
+        depths.append(tree.depth.max() if tree.size > 1 else None)
         steps.append(
             Step(
                 tree_size=tree.size,
-                tree_depth=int(tree.depth.max()),
+                tree_depth=0,
                 accepted=len(result.path) - 1,
                 drafter_forwards=tree.n_forwards,
                 draft_s=t_draft - t_prev,
@@ -110,4 +125,9 @@ def generate(
         t_prev = t_end
         if done or pos + 1 >= target.max_context:
             break
+    deep = [i for i, d in enumerate(depths) if d is not None]
+    if deep:
+        values = torch.stack([depths[i].to(dev) for i in deep]).tolist()
+        for i, d in zip(deep, values):
+            steps[i] = replace(steps[i], tree_depth=int(d))
     return Generation(output_ids=output, steps=steps, prefill_s=prefill_s, decode_s=t_prev - t_start)

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specbench.cache import cache_length, commit_path
 from specbench.errors import UserError
-from specbench.tree import DraftTree, is_chain
+from specbench.tree import DraftTree
 
 TINY_TARGETS = {
     "tiny-llama": "random-init 4-layer Llama (H 64, vocab 384), seeded; built in code, for tests",
@@ -109,11 +109,17 @@ class Target:
         """
         if self.kv_length != pos:
             raise RuntimeError(f"target cache holds {self.kv_length} slots but the tree root is at position {pos}")
-        device = self.device
         # Fast path: a chain (the AR baseline's root-only tree included) needs only the ordinary
         # causal mask, which the model builds itself. tree_mask() is the general path; a test
         # checks both give the same logits.
-        mask = None if is_chain(tree.parents) and not force_tree_mask else self.tree_mask(tree, pos)
+        mask = None if tree.is_chain and not force_tree_mask else self.tree_mask(tree, pos)
+        return self.forward_masked(tree, pos, mask, feature_layers, last_logits_only)
+
+    @torch.inference_mode()
+    def forward_masked(self, tree: DraftTree, pos: int, mask: Tensor | None, feature_layers: tuple[int, ...] = (),
+                       last_logits_only: bool = False) -> TreeOutput:
+        """The model call of :meth:`forward_tree` with the mask already built (None: causal)."""
+        device = self.device
         out = self.model(
             input_ids=tree.tokens.to(device)[None],
             position_ids=(pos + tree.depth).to(device)[None],

@@ -42,11 +42,26 @@ class DraftTree:
     # None means the children were chosen deterministically (top-k, argmax, lookup).
     draft_probs: Tensor | None = None
     n_forwards: int = 0  # drafter forward passes spent building this tree (a cost, reported per step)
+    # Facts known on the host when the tree was built (TreeBuilder, chain, root_only): whether it is a
+    # chain, and that it is well formed. Given, they save the device round trips of checking them.
+    chain: bool | None = field(default=None, compare=False, repr=False)
+    checked: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_tree(self.tokens, self.parents)
+        if not self.checked:
+            chain = check_tree(self.tokens, self.parents)  # one host round trip for both facts
+            if self.chain is None:
+                object.__setattr__(self, "chain", chain)
         if self.draft_probs is not None and self.draft_probs.shape[0] != self.tokens.shape[0]:
             raise ValueError("draft_probs must have one row per node")
+
+    @property
+    def is_chain(self) -> bool:
+        """True when node i's parent is i - 1 for every i (known without a device round trip when
+        the tree was built on the host)."""
+        if self.chain is None:
+            object.__setattr__(self, "chain", is_chain(self.parents))
+        return bool(self.chain)
 
     @property
     def size(self) -> int:
@@ -63,17 +78,22 @@ class DraftTree:
         return ancestor_mask(self.parents, self.depth)
 
 
-def check_tree(tokens: Tensor, parents: Tensor) -> None:
-    """Raise ValueError unless (tokens, parents) is a well-formed, topologically ordered tree."""
+def check_tree(tokens: Tensor, parents: Tensor) -> bool:
+    """Raise ValueError unless (tokens, parents) is a well-formed, topologically ordered tree; return
+    whether it is a chain. The facts come to the host in one transfer (one sync on a GPU)."""
     if tokens.dim() != 1 or parents.dim() != 1 or tokens.shape != parents.shape:
         raise ValueError(f"tokens and parents must be 1-D of equal length, got {tuple(tokens.shape)} and {tuple(parents.shape)}")
     if tokens.numel() == 0:
         raise ValueError("a draft tree needs at least the root")
-    if int(parents[0]) != -1:
-        raise ValueError("parents[0] must be -1 (node 0 is the root)")
     idx = torch.arange(parents.numel(), device=parents.device)
-    if parents.numel() > 1 and not bool(((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()):
+    rest_ok = ((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()
+    chain = (parents == idx - 1).all()
+    root_ok, rest_ok, chain = torch.stack([parents[0] == -1, rest_ok, chain]).tolist()
+    if not root_ok:
+        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    if not rest_ok:
         raise ValueError("every non-root node needs a parent with a smaller index")
+    return bool(chain)
 
 
 def root_only(root_token: int, device: torch.device | str = "cpu") -> DraftTree:
@@ -81,6 +101,7 @@ def root_only(root_token: int, device: torch.device | str = "cpu") -> DraftTree:
     return DraftTree(
         tokens=torch.tensor([root_token], dtype=torch.long, device=device),
         parents=torch.tensor([-1], dtype=torch.long, device=device),
+        chain=True, checked=True,
     )
 
 
@@ -88,7 +109,7 @@ def chain(tokens: Tensor | list[int]) -> DraftTree:
     """A chain: tokens[0] is the root, each later token is the child of the one before it."""
     t = torch.as_tensor(tokens, dtype=torch.long)
     parents = torch.arange(-1, t.numel() - 1, dtype=torch.long, device=t.device)
-    return DraftTree(tokens=t, parents=parents)
+    return DraftTree(tokens=t, parents=parents, chain=True, checked=t.dim() == 1 and t.numel() > 0)
 
 
 def from_paths(root_token: int, paths: list[list[int]]) -> DraftTree:
@@ -110,15 +131,6 @@ def is_chain(parents: Tensor) -> bool:
     return bool(torch.equal(parents, expected))
 
 
-def _lifting(parents: Tensor) -> list[Tensor]:
-    """Binary-lifting table: entry k maps node i to its 2**k-th ancestor (the root maps to itself)."""
-    up = parents.clamp(min=0)  # the root's parent is itself
-    table = [up]
-    for _ in range(max(1, math.ceil(math.log2(max(parents.numel(), 2))))):
-        table.append(table[-1][table[-1]])
-    return table
-
-
 def depths(parents: Tensor) -> Tensor:
     """[N] depth of every node (root 0), by pointer jumping: ceil(log2 N) vectorised steps."""
     up = parents.clamp(min=0)
@@ -132,16 +144,18 @@ def depths(parents: Tensor) -> Tensor:
 def ancestor_mask(parents: Tensor, depth: Tensor | None = None) -> Tensor:
     """[N, N] bool: mask[i, j] is True when j is i itself or one of i's ancestors.
 
-    j is an ancestor-or-self of i exactly when depth[j] <= depth[i] and i's ancestor at depth
-    depth[j] is j; that ancestor is found for every (i, j) at once by binary lifting.
+    Pointer jumping on rows: with M_k[i] = i's ancestors-or-self at distance < 2**k and up_k[i] its
+    2**k-th ancestor (the root maps to itself), M_{k+1}[i] = M_k[i] | M_k[up_k[i]]; ceil(log2 N)
+    steps of one row gather each, no per-node loop and no host synchronisation. (``depth`` is
+    accepted for callers that have it; it is not needed.)
     """
     n = parents.numel()
-    depth = depths(parents) if depth is None else depth
-    gap = depth[:, None] - depth[None, :]  # [N, N] levels from i up to j's depth
-    node = torch.arange(n, device=parents.device)[:, None].expand(n, n)
-    for k, up in enumerate(_lifting(parents)):
-        node = torch.where(((gap.clamp(min=0) >> k) & 1).bool(), up[node], node)
-    return (gap >= 0) & (node == torch.arange(n, device=parents.device)[None, :])
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
+    up = parents.clamp(min=0)
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        mask = mask | mask[up]
+        up = up[up]
+    return mask
 
 
 def path_to(parents: Tensor, node: int) -> list[int]:
@@ -210,8 +224,9 @@ class TreeBuilder:
         tokens, parents = torch.tensor(self.tokens, dtype=torch.long), torch.tensor(self.parents, dtype=torch.long)
         if budget is not None:
             tokens, parents = subtree(tokens, parents, self.prune(budget))
+        # well formed by construction (add() checks every parent); the chain test runs on the host copy
         return DraftTree(tokens=tokens.to(device), parents=parents.to(device), draft_probs=draft_probs,
-                         n_forwards=n_forwards)
+                         n_forwards=n_forwards, chain=is_chain(parents), checked=True)
 
 
 def best_closed(scores: Tensor, parents: Tensor, budget: int) -> Tensor:

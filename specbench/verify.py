@@ -26,7 +26,7 @@ If every child is rejected the recovered token is drawn from the final residual.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -39,6 +39,8 @@ from specbench.tree import DraftTree, children_lists
 class VerifyResult:
     path: list[int]  # accepted node ids, root first: [0, n1, ..., na]
     bonus: int  # the token drawn at the last accepted node
+    # the tokens of the accepted drafts (path[1:]) when the verifier already has them on the host
+    tokens: list[int] | None = field(default=None, compare=False)
 
 
 def target_probs(logits: Tensor, sampling: Sampling) -> Tensor:
@@ -69,6 +71,35 @@ def verify(tree: DraftTree, logits: Tensor, sampling: Sampling) -> VerifyResult:
 
 
 def verify_greedy(tree: DraftTree, logits: Tensor) -> VerifyResult:
+    """The greedy walk, vectorised: no per-node Python loop and one device-to-host transfer.
+
+    Node i (not the root) *matches* when its token is the target's argmax at its parent and no
+    earlier sibling holds the same token (the walk takes the first such child). Then at most one
+    child of any node matches, and the accepted path is exactly the set of nodes whose every
+    ancestor-or-self matches (the root always does); the bonus is the argmax at its deepest node.
+    """
+    choice = logits.argmax(dim=-1)  # [N] the target's token after each node
+    tokens = tree.tokens
+    parents, choice = tree.parents.to(tokens.device), choice.to(tokens.device)
+    n = tokens.numel()
+    idx = torch.arange(n, device=tokens.device)
+    match = tokens == choice[parents.clamp(min=0)]
+    if n > 1:
+        earlier_twin = ((parents[:, None] == parents[None, :]) & (tokens[:, None] == tokens[None, :])
+                        & (idx[None, :] < idx[:, None])).any(dim=1)
+        match &= ~earlier_twin
+    match[0] = True
+    on_path = ~(tree.ancestors.to(tokens.device) & ~match[None, :]).any(dim=1)
+    order = torch.where(on_path, idx, idx + n).argsort()  # the path's nodes first, root first
+    length = on_path.sum().view(1)
+    host = torch.cat([length, order, tokens[order], choice[order]]).tolist()  # the one transfer
+    k = host[0]
+    path = host[1 : 1 + k]
+    return VerifyResult(path=path, bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k])
+
+
+def verify_greedy_walk(tree: DraftTree, logits: Tensor) -> VerifyResult:
+    """The plain walk from the root (the reference the vectorised :func:`verify_greedy` is tested against)."""
     target_choice = logits.argmax(dim=-1).tolist()  # [N] the target's token after each node
     tokens = tree.tokens.tolist()
     kids = children_lists(tree.parents)
