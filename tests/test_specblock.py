@@ -294,3 +294,27 @@ def test_run_stores_the_adaptation_log_in_the_results(tmp_path):
     base = pd.read_parquet(tmp_path / "sb.ar-baseline.parquet")
     assert [list(x) for x in rows.sort_values("prompt_id")["output_ids"]] == \
         [list(x) for x in base.sort_values("prompt_id")["output_ids"]]
+
+
+def test_grow_by_hand():
+    from drafters.specblock.tree import beam, grow
+    from specbench.tree import TreeBuilder
+
+    logp = torch.log_softmax(torch.tensor([[6.0, 5, 4, 3, 2, 1], [1, 6, 5, 4, 3, 2], [1, 2, 6, 5, 4, 3]]), dim=-1)
+    ident = lambda ids: ids  # noqa: E731
+    b = TreeBuilder(99)
+    leaves = grow(b, 0, logp, [0, 1, 3], (2, 4, 6, 4), ident, slot0_topk=3)
+    # chain 0 -> 1 -> 2, then alternatives: slot 0 two (ids 1, 2), slot 1 three (2, 3, 4), slot 2 three (3, 4, 5)
+    assert b.tokens == [99, 0, 1, 2, 1, 2, 2, 3, 4, 3, 4, 5]
+    assert b.parents == [-1, 0, 1, 2, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert len(leaves) == 11 and {lf.slot for lf in leaves} == {0, 1, 2}  # every slot branched: no hitchhike
+    assert abs(b.scores[3] - float(logp[0, 0] + logp[1, 1] + logp[2, 2])) < 1e-6
+    # give-up at slot 1 with topk 0: branching stops there, and the chain end is not expanded
+    b = TreeBuilder(99)
+    leaves = grow(b, 0, logp, [0, 3, 0], (2, 4, 6, 0), ident, slot0_topk=2)
+    assert len(b.tokens) == 1 + 3 + 1 and [lf.slot for lf in leaves] == [0, 0]
+    # a confident chain (all rank 1) with slot 0 alone branching: the chain end hitchhikes
+    b = TreeBuilder(99)
+    leaves = grow(b, 0, logp, [0, 0, 0], (1, 4, 6, 4), ident, slot0_topk=2)
+    assert [lf.slot for lf in leaves] == [0, 0, 2]
+    assert [lf.node for lf in beam(leaves, 2)] == sorted((lf.node for lf in leaves), key=lambda n: -b.scores[n])[:2]

@@ -57,6 +57,7 @@ class SpecBlockOptions:
     max_blocks: int = 2  # drafter calls per step (block 1 + batched later blocks)
     slots: int = 0  # slots used for the tree (0 = all the model's K); with path=random: the model's K (0 = 4)
     slot_topk: tuple[int, ...] = (2, 4, 6, 4)  # candidates per slot by rank class (upstream "slim_r2")
+    adaptive_topk: bool = True  # fewer candidates on confident slots (upstream ADAPTIVE_SLOT0=1, ADAPTIVE_ALL=1)
     adapt: str = "off"  # online adaptation of the rank head: off | always | bandit (adapt.py)
     adapt_every: int = 16  # steps between adaptation decisions (and the tau window before/after)
     adapt_horizon: int = 2048  # tokens ahead over which a decision's gain is counted
@@ -84,7 +85,7 @@ class SpecBlockDrafter(Drafter):
     description = "SpecBlock: K-slot blocks with shift injection and a rank head, 2 drafter calls per step (--drafter-path CKPT)"
     Config = SpecBlockOptions
     test_options = (("budget=24", "beam_width=4"), ("budget=8", "beam_width=2", "max_blocks=3", "slots=2"),
-                    ("budget=16", "max_blocks=1"))
+                    ("budget=16", "max_blocks=1", "adaptive_topk=false"))
 
     def __init__(self, target, config: SpecBlockOptions | None = None):
         from drafters.specblock.checkpoint import read_specblock
@@ -170,7 +171,7 @@ class SpecBlockDrafter(Drafter):
         logp = torch.log_softmax(out.logits[0, -1, : self.k_tree].float(), dim=-1).cpu()
         ranks = out.rank_logits[0, -1, : self.k_tree].argmax(-1).tolist()
         leaves = grow(builder, 0, logp, ranks, cfg.slot_topk, model.to_target_ids, slot0_topk=cfg.beam_width,
-                      node_outputs=node_outputs, call=0)
+                      node_outputs=node_outputs, call=0, adaptive=cfg.adaptive_topk)
         hidden = out.hidden[0, -1:]  # [1, K, H]: the conditions of the pending leaves ([row, slot])
         # visibility of each leaf over the speculative region [committed - K, cache length): the root row's slots first
         vis = [torch.arange(kk, device=dev) <= leaf.slot for leaf in leaves]
@@ -204,7 +205,7 @@ class SpecBlockDrafter(Drafter):
             new_vis: list[Tensor] = []
             for i, lf in enumerate(keep):
                 grown = grow(builder, lf.node, logps[i], all_ranks[i], cfg.slot_topk, model.to_target_ids, source=i,
-                             node_outputs=node_outputs, call=calls - 1)
+                             node_outputs=node_outputs, call=calls - 1, adaptive=cfg.adaptive_topk)
                 for g in grown:
                     block_rows = torch.zeros(n * kk, dtype=torch.bool, device=dev)
                     block_rows[i * kk : i * kk + g.slot + 1] = True

@@ -17,10 +17,13 @@ log-probs):
 Duplicates merge (``TreeBuilder.child``): a later block predicting a token already in the tree
 continues from the existing node. :func:`beam` keeps the pending leaves with the best cumulative
 log-probs, at most ``min(beam_width, remaining budget // K)`` of them (upstream's adaptive beam).
+With ``adaptive`` (the drafter's ``adaptive_topk``, on by default as in upstream's production settings),
+confident slots get fewer candidates (:func:`adaptive_topk`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,9 +44,18 @@ class Leaf:
     slot: int  # the slot whose hidden state conditions the next block
 
 
+def adaptive_topk(base: int, p: float, slot0: bool) -> int:
+    """Upstream's confidence cuts (its production defaults ADAPTIVE_SLOT0=1, ADAPTIVE_ALL=1): block 1's slot 0
+    keeps 3 / 5 / 8 candidates when its greedy probability is >= 0.9 / 0.8 / 0.6; any other slot keeps at most
+    2 / 3 when it is >= 0.95 / 0.85."""
+    if slot0:
+        return min(3, base) if p >= 0.9 else min(5, base) if p >= 0.8 else min(8, base) if p >= 0.6 else base
+    return min(2, base) if p >= 0.95 else min(3, base) if p >= 0.85 else base
+
+
 def grow(builder: TreeBuilder, parent: int, logp: Tensor, ranks: list[int], slot_topk: tuple[int, ...],
          to_target, slot0_topk: int | None = None, source: int = 0,
-         node_outputs: dict[int, tuple[int, int]] | None = None, call: int = 0) -> list[Leaf]:
+         node_outputs: dict[int, tuple[int, int]] | None = None, call: int = 0, adaptive: bool = False) -> list[Leaf]:
     """Add one block output's chain and alternatives below ``parent``; return the pending leaves.
 
     logp [K, Vd] log-probs (float, CPU), ranks [K] rank classes; ``to_target`` maps draft ids to
@@ -71,9 +83,12 @@ def grow(builder: TreeBuilder, parent: int, logp: Tensor, ranks: list[int], slot
     leaves: list[Leaf] = []
     branched = set()
     for k in range(k_slots):
-        topk = slot0_topk if (k == 0 and slot0_topk is not None) else slot_topk[ranks[k]]
+        first_slot = k == 0 and slot0_topk is not None
+        topk = slot0_topk if first_slot else slot_topk[ranks[k]]
         if topk == 0 and ranks[k] == GIVE_UP:
             break
+        if adaptive:
+            topk = adaptive_topk(topk, math.exp(top_lp[k][0]), first_slot)
         if topk <= 1:
             continue
         branched.add(k)
@@ -100,4 +115,4 @@ def beam(leaves: list[Leaf], width: int) -> list[Leaf]:
     return [unique[i] for i in order[: max(width, 0)]]
 
 
-__all__ = ["Leaf", "grow", "beam", "GIVE_UP"]
+__all__ = ["Leaf", "grow", "beam", "adaptive_topk", "GIVE_UP"]
