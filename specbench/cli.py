@@ -732,6 +732,25 @@ def profile(
     out_console.print(f"profile '{name}' saved: {path}")
 
 
+@app.command("export")
+def export_cmd(
+    src: Path = typer.Argument(..., help="a trained drafter's checkpoint directory (e.g. drafters/checkpoints/eagle3-smollm2-135m)"),
+    out: Path = typer.Argument(..., help="the new folder to write"),
+    fmt: str = typer.Option("speculators", "--format", "-f", help="speculators (what `vllm serve OUT` reads)"),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="the target as vLLM loads it: HF id or model directory (default: the checkpoint's own target)"),
+    tokens: int = typer.Option(3, "--tokens", help="speculative tokens per step vLLM uses by default"),
+) -> None:
+    """Write a drafter checkpoint in a serving format: EAGLE-3 heads for vLLM (speculators)."""
+    from specbench import export
+
+    if fmt not in export.FORMATS:
+        raise UserError(f"unknown --format '{fmt}'; use {', '.join(export.FORMATS)}")
+    config = export.export_speculators(src, out, verifier, tokens)
+    name = config["speculators_config"]["verifier"]["name_or_path"]
+    typer.echo(f"{out}: EAGLE-3 in the speculators format, verifier {name}, "
+               f"{config['draft_vocab_size']}-token draft vocabulary\nserve it with: vllm serve {out}")
+
+
 @app.command("report")
 def report_cmd(
     files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
