@@ -114,6 +114,7 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="continue the interrupted run in --out"),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="pair with the AR baseline (run or reused)"),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="one untimed generation first"),
+    compile_: bool = typer.Option(False, "--compile", help="CUDA: the target on a static cache, its forward in CUDA graphs (torch.compile)"),
 ) -> None:
     """Run a drafter (and its AR baseline) over a task and write one row per (prompt, turn)."""
     from specbench import report, runner
@@ -124,6 +125,7 @@ def run(
         limit=None if limit == 0 else limit, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         options=tuple(options), drafter_path=drafter_path, device=device, dtype=dtype, out=out,
         results_dir=results_dir, resume=resume, baseline=baseline, warmup=warmup, device_map=device_map,
+        compile=compile_,
     )
     runner.validate(spec)  # user errors surface before any progress display or model load
     from specbench import distributed
@@ -697,6 +699,7 @@ def profile(
     repeats: int = typer.Option(5, "--repeats", help="timed forwards per point (median kept)"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
+    compile_: bool = typer.Option(False, "--compile", help="CUDA: time the static-cache, CUDA-graph forward (an engine-like profile)"),
 ) -> None:
     """Measure T_fwd(n) on this device (tree masks, a few contexts) and drafter cost; save a profile."""
     from specbench.hardware import measure
@@ -713,7 +716,14 @@ def profile(
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err_console, transient=True) as bar:
         job = bar.add_task(f"profiling {target}", total=total, label="loading")
+        if compile_:
+            from specbench.static import bucket, check_compile, make_static
+            from specbench.targets import pick_device
+
+            check_compile(pick_device(device))
         tgt = load_target(target, device, dtype)
+        if compile_:
+            tgt = make_static(tgt, True, max_len=bucket(max(req.contexts) + max(req.ns) + 1))
 
         def progress(label: str) -> None:
             bar.update(job, advance=1, label=label)

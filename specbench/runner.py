@@ -54,6 +54,7 @@ class RunSpec:
     warmup: bool = True
     shard: tuple[int, int] | None = None  # (rank, world size) of a data-parallel run: prompts[rank::world]
     device_map: str | None = None  # accelerate's placement of the target over the GPUs, e.g. "auto"
+    compile: bool = False  # the target on a static cache, its tree forward compiled into CUDA graphs (specbench.static)
 
 
 @dataclass
@@ -221,6 +222,11 @@ def validate(spec: RunSpec) -> list[Prompt]:
     """Every check that needs no model: numbers, prompts, drafter name and --set keys. Cheap."""
     check_numbers(spec)
     check_device_map(spec)
+    if spec.compile:
+        from specbench.static import check_compile
+        from specbench.targets import pick_device
+
+        check_compile(pick_device(spec.device))
     prompts = load_prompts(spec)
     cls = drafter_class(spec.drafter)
     parse_config(cls.Config, list(spec.options))
@@ -240,9 +246,17 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
     writer = results.RunWriter(out, resume=spec.resume)
 
     target = load_target(spec)
+    if spec.compile:  # drafter and AR baseline alike run on the static, compiled target
+        from specbench.static import bucket, make_static
+
+        longest = max((sum(len(target.tokenizer.encode(t)) for t in p.turns) + 64 * len(p.turns)
+                       + spec.max_new_tokens * len(p.turns) for p in prompts), default=0)
+        target = make_static(target, True, max_len=min(bucket(longest + 512), target.max_context + 1))
     env = results.env_fingerprint(str(target.device.type), str(target.dtype).removeprefix("torch."))
     if spec.device_map is not None:  # an extra fingerprint column, only on runs that use one
         env["device_map"] = placement(spec.device_map, target.model)
+    if spec.compile:  # likewise: how the target forward ran
+        env["target_mode"] = target.mode
     run_id = out.stem
     drafter, config = build_drafter(spec.drafter, target, spec.options, spec.drafter_path)
     session = _Session(spec, target, drafter, spec.drafter, config, run_id, env)
@@ -254,7 +268,8 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
     base_session = base_writer = None
     if spec.baseline and spec.drafter != BASELINE:
         keys = {(p.id, t) for p in prompts for t in range(len(p.turns))}
-        found = find_baseline(Path(spec.results_dir), session.meta, keys)
+        # a compiled run always measures its own baseline on the same compiled target
+        found = None if spec.compile else find_baseline(Path(spec.results_dir), session.meta, keys)
         if found is not None:
             outcome.baseline_rows, outcome.baseline_source = found
         else:

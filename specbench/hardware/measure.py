@@ -141,6 +141,6 @@ def run_profile(target, target_spec: str, req: ProfileRequest, progress: Callabl
     fp = results.env_fingerprint(str(target.device), str(target.dtype).removeprefix("torch."))
     return MeasuredProfile(
         name=req.name, target=target_spec, target_config=target.model.config.to_dict(), contexts=list(req.contexts),
-        ns=list(req.ns), t_fwd_ms=table, drafters=drafters, fingerprint=fp, mode="eager",
+        ns=list(req.ns), t_fwd_ms=table, drafters=drafters, fingerprint=fp, mode=getattr(target, "mode", "eager"),
         created=_dt.datetime.now().isoformat(timespec="seconds"),
     )
