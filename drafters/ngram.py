@@ -32,7 +32,7 @@ MATCH_RULES = ("first", "recent", "longest")
 @dataclass(frozen=True)
 class NGramConfig:
     max_n: int = 3  # longest suffix to match
-    min_n: int = 1  # shortest suffix to match
+    min_n: int = 2  # shortest suffix to match (1-token matches cost more verify time than they earn on CPU)
     num_draft: int = 7  # draft tokens per branch (chain length below the root)
     branches: int = 1  # 1 = chain; >1 = a tree of that many distinct continuations
     match: str = "longest"  # which occurrence of the n-gram: first | recent | longest

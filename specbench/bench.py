@@ -57,6 +57,13 @@ def _coerce(value: str):
     return {"true": True, "false": False, "none": None}.get(value.lower(), value)
 
 
+def _assistant_settings(config) -> dict:
+    """The assistant's draft-length settings as assisted generation will use them (unset = upstream default)."""
+    defaults = config._get_default_generation_params()
+    keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    return {k: getattr(config, k) if getattr(config, k, None) is not None else defaults.get(k) for k in keys}
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specbench bench", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -71,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-set", action="append", default=[], metavar="KEY=VALUE", help="draft-model option (default: its defaults)")
     ap.add_argument("--hf-assist", action="append", default=[], metavar="KEY=VALUE",
                     help="assistant generation-config field for transformers' assisted generation, e.g. num_assistant_tokens=5")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); 1 is steadier on a busy machine")
     ap.add_argument("--out", type=Path, default=None, help="markdown report; JSON beside it (default reports/bench_<target>.md)")
     return ap
 
@@ -86,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise UserError(f"unknown pair '{p}' in --pairs; choose from {', '.join(PAIRS)}")
     if "draft-model" in pairs and not args.draft:
         pairs.remove("draft-model")
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     target = load_target(args.target)
     model, tok = target.model, target.tokenizer
@@ -122,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     hf_settings = {
         "ar": "greedy",
         "ngram": json.dumps(hf_extra.get("ngram", {})),
-        "draft-model": json.dumps({k: getattr(assistant.generation_config, k) for k in (
-            "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}) if assistant is not None else "",
+        "draft-model": json.dumps(_assistant_settings(assistant.generation_config)) if assistant is not None else "",
     }
 
     def hf(ids: torch.Tensor, method: str) -> tuple[list[int], float]:

@@ -175,7 +175,7 @@ def test_run_self_drafting_accepts_and_stays_lossless(mt_run, tmp_path):
     res.mkdir()
     shutil.copy(mt_run["base"], res / "first.ar-baseline.parquet")  # --limit 1 picks a subset of it
     out = res / "self.parquet"
-    result = invoke(*run_args(res, "--drafter", "draft-model", "--set", f"model={TARGET}", "--set", "num_draft=3",
+    result = invoke(*run_args(res, "--drafter", "draft-model", "--set", f"model={TARGET}", "--set", "num_draft=3", "--set", "threshold=0",
                               "--task", "mt-bench", "--limit", "1", "--max-new-tokens", str(MAX_NEW),
                               "--out", str(out)))
     assert result.exit_code == 0, result.output
