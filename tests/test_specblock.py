@@ -318,3 +318,21 @@ def test_grow_by_hand():
     leaves = grow(b, 0, logp, [0, 0, 0], (1, 4, 6, 4), ident, slot0_topk=2)
     assert [lf.slot for lf in leaves] == [0, 0, 2]
     assert [lf.node for lf in beam(leaves, 2)] == sorted((lf.node for lf in leaves), key=lambda n: -b.scores[n])[:2]
+
+
+def test_bandit_updates_only_when_the_gain_beats_the_cost(target):
+    from drafters.specblock.adapt import Adapter
+
+    d = drafter(target, "adapt=bandit")
+    a = Adapter(d.model, d.config)
+    a.buffer.append((torch.zeros(d.model.config.hidden_size + 15), 0))
+    a.step_times = [0.1] * 16
+    assert a._choose(1.5)[0] == "small"  # untried arms first
+    a.rewards = {"skip": [0.2, 0.0, 0.1], "small": [0.1, 0.1], "large": [0.6, 0.5]}
+    a.costs = {"skip": [0.0], "small": [0.01], "large": [0.05]}
+    arm, gain = a._choose(1.5)
+    assert arm == "large" and gain > 0
+    a.costs["large"] = [1e6]  # the same gain at a cost it cannot repay
+    assert a._choose(1.5)[0] in ("skip", "small")
+    a.rewards["small"] = [-0.5, -0.6]  # worse than skipping's drift
+    assert a._choose(1.5) == ("skip", 0.0)

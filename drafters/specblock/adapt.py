@@ -27,10 +27,11 @@ estimated NET gain in seconds:
 where tau is the mean tokens per step over the last window, step_s the mean wall time of a step,
 ``horizon_tokens`` = ``adapt_horizon`` (a sliding horizon: the tokens still to come are unknown to a
 drafter), dtau_ucb the arm's mean observed change of tau (next window's tau minus the previous
-window's, after the decision) plus ``c * sd / sqrt(n)`` (an arm never tried counts as infinitely
-promising once: each update arm is tried at least once when there are labels), and cost_s the arm's
-mean measured wall time of the update (skip: 0). An update arm is taken only when its net gain is
-positive and beats ``skip``'s; otherwise nothing is updated.
+window's, after the decision) minus the mean change after ``skip`` decisions (tau's drift without an
+update, the baseline), plus ``c * sd * sqrt(log(decisions) / n)`` (an arm never tried counts as
+infinitely promising once: each update arm is tried at least once when there are labels), and cost_s
+the arm's mean measured wall time of the update. ``skip`` is worth 0 (no gain, no cost); an update
+arm is taken only when its net gain is positive, the larger of the two when both are.
 
 Log. Every decision is logged when it is made (``event: "decision"``: decision id, generation index,
 step, arm, measured cost, estimated gain, tau before, buffer size, rank loss on the buffer before and
@@ -140,26 +141,20 @@ class Adapter:
             return "large", None
         step_s = sum(self.step_times[-self.every:]) / max(len(self.step_times[-self.every:]), 1)
         total = sum(len(v) for v in self.rewards.values()) + 1
-        best, best_value = "skip", None
-        values = {}
-        for arm in ARMS:
+        skip = self.rewards["skip"]
+        drift = sum(skip) / len(skip) if skip else 0.0  # tau's change without an update: the baseline
+        best, best_value = "skip", 0.0  # skipping gains nothing and costs nothing, by definition
+        for arm in ARMS[1:]:
             r = self.rewards[arm]
             if not r:
-                if arm == "skip":
-                    values[arm] = 0.0
-                    continue
                 return arm, math.inf  # each update arm is tried once
-            mean = sum(r) / len(r)
-            sd = math.sqrt(sum((x - mean) ** 2 for x in r) / max(len(r) - 1, 1)) if len(r) > 1 else 1.0
+            mean = sum(r) / len(r) - drift
+            sd = math.sqrt(sum((x - sum(r) / len(r)) ** 2 for x in r) / (len(r) - 1)) if len(r) > 1 else 1.0
             bound = mean + UCB_C * sd * math.sqrt(math.log(total) / len(r))
-            cost = sum(self.costs[arm]) / len(self.costs[arm]) if self.costs[arm] else 0.0
-            values[arm] = self._gain_s(tau, bound, step_s) - cost
-        for arm in ARMS:
-            if arm == "skip" or arm not in values:
-                continue
-            if values[arm] > 0 and values[arm] > values.get("skip", 0.0) and (best_value is None or values[arm] > best_value):
-                best, best_value = arm, values[arm]
-        return best, (best_value if best_value is not None else values.get("skip", 0.0))
+            value = self._gain_s(tau, bound, step_s) - sum(self.costs[arm]) / len(self.costs[arm])
+            if value > best_value:
+                best, best_value = arm, value
+        return best, best_value
 
     # ------------------------------------------------------------ the update
     def _tensors(self, items) -> tuple[torch.Tensor, torch.Tensor]:
