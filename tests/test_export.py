@@ -15,25 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from drafters.eagle3.model import Eagle3HeadConfig
-from specbench import cli
+
+from clirun import invoke, one_error_line
 
 SHIPPED = Path(str(resources.files("drafters").joinpath("checkpoints", "eagle3-smollm2-135m")))
 DFLASH = Path(str(resources.files("drafters").joinpath("checkpoints", "dflash-smollm2-135m")))
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def vllm_reads(config: dict) -> dict:

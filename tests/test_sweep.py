@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from specbench import cli, runner, sweep
+from specbench import runner, sweep
+from clirun import invoke, one_error_line
 
 PROMPTS = [{"id": "p1", "prompt": "List three colours."}, {"id": "p2", "prompt": "1 2 3 4 5 6"}]
 
@@ -32,18 +32,6 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def outputs(folder: Path) -> dict[str, dict]:

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from specbench import cli, results, runner, sweep, tune
+from specbench import results, runner, sweep, tune
 from specbench.hardware.project import project_rows
+from clirun import invoke, one_error_line
 
 PROMPTS = [{"id": "a", "prompt": "1 2 3 4 5 6"}, {"id": "b", "prompt": "ab ab ab ab ab ab"}]
 
@@ -25,18 +25,6 @@ def prompts(tmp_path) -> Path:
     path = tmp_path / "rep.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def tune_args(tmp_path: Path, prompts: Path, *extra) -> list:

@@ -55,6 +55,20 @@ def check_made_for(cfg: Any, target, where: str) -> None:
         raise UserError(f"{made_for} hidden size {cfg.feature_size}, but target '{target.name}' has {target.hidden_size}")
 
 
+def check_feature_head_for(cfg: Any, layers, target, where: str) -> None:
+    """An EAGLE-lineage head (eagle3, specblock) fits ``target``: embedding width, layer count, and the
+    three hidden states it taps (``layers``)."""
+    made_for = f"{where} was made for a different target:"
+    embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
+    if cfg.hidden_size != embed_dim:
+        raise UserError(f"{made_for} hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
+    if cfg.target_num_layers is not None and int(cfg.target_num_layers) != target.num_layers:
+        raise UserError(f"{made_for} {cfg.target_num_layers} layers, but target '{target.name}' has {target.num_layers}")
+    if layers is not None and (len(layers) != 3 or not all(0 <= i <= target.num_layers for i in layers)):
+        raise UserError(f"{where} taps hidden states {list(layers)}, which target '{target.name}' "
+                        f"({target.num_layers} layers) does not have")
+
+
 def read_weights(src: Path, where: str) -> tuple[dict[str, torch.Tensor], CheckpointId]:
     """The state dict in ``src`` and the identity (path, sha256) of the file it came from."""
     from safetensors.torch import load_file

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
-from drafters.common.loading import WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import WEIGHTS_NAME, check_feature_head_for, check_made_for, load_checked, read_config, read_weights
 from drafters.common.vocab import check_vocab_maps
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
@@ -62,15 +62,7 @@ def read_eagle3(path: str | Path, target) -> tuple[Eagle3Head, CheckpointId]:
 
     # 1. made for this target?
     check_made_for(cfg, target, where)
-    made_for = f"{where} was made for a different target:"
-    embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
-    if cfg.hidden_size != embed_dim:
-        raise UserError(f"{where} has hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
-    if cfg.target_num_layers is not None and int(cfg.target_num_layers) != target.num_layers:
-        raise UserError(f"{made_for} {cfg.target_num_layers} layers, but target '{target.name}' has {target.num_layers}")
-    layers = cfg.feature_layers or default_feature_layers(target.num_layers)
-    if len(layers) != 3 or not all(0 <= i <= target.num_layers for i in layers):
-        raise UserError(f"{where} taps hidden states {list(layers)}, which target '{target.name}' ({target.num_layers} layers) does not have")
+    check_feature_head_for(cfg, cfg.feature_layers or default_feature_layers(target.num_layers), target, where)
 
     # 2. the weights, d2t and t2d included
     state, identity = read_weights(src, where)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from drafters.common.loading import WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import WEIGHTS_NAME, check_feature_head_for, check_made_for, load_checked, read_config, read_weights
 from drafters.common.vocab import check_vocab_maps
 from drafters.specblock.model import SpecBlockConfig, SpecBlockModel
 from specbench.drafter import CheckpointId
@@ -71,16 +71,7 @@ def read_specblock(path: str | Path, target) -> tuple[SpecBlockModel, Checkpoint
     where = f"SpecBlock checkpoint '{src}'"
     cfg = read_config(src, where, SpecBlockConfig.from_config_dict)
     check_made_for(cfg, target, where)
-    made_for = f"{where} was made for a different target:"
-    embed_dim = int(target.model.get_input_embeddings().weight.shape[1])
-    if cfg.hidden_size != embed_dim:
-        raise UserError(f"{made_for} hidden_size {cfg.hidden_size}, but target '{target.name}' embeds tokens in {embed_dim} dims")
-    if cfg.target_num_layers is not None and int(cfg.target_num_layers) != target.num_layers:
-        raise UserError(f"{made_for} {cfg.target_num_layers} layers, but target '{target.name}' has {target.num_layers}")
-    if cfg.feature_layers is not None and (len(cfg.feature_layers) != 3
-                                           or not all(0 <= i <= target.num_layers for i in cfg.feature_layers)):
-        raise UserError(f"{where} taps hidden states {list(cfg.feature_layers)}, which target '{target.name}' "
-                        f"({target.num_layers} layers) does not have")
+    check_feature_head_for(cfg, cfg.feature_layers, target, where)
     state, identity = read_weights(src, where)
     state = {k: v for k, v in state.items() if "embed" not in k.lower()}
     maps = read_vocab_mapping(src, where)
