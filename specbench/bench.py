@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -83,12 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench") -> dict:
     import sys
 
     args = _parser().parse_args(argv)
     argv_used = list(argv) if argv is not None else sys.argv[1:]
+    if args.limit < 1:
+        raise UserError(f"--limit must be at least 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    if not pairs:
+        raise UserError(f"--pairs names no pair; choose from {', '.join(PAIRS)}")
     for p in pairs:
         if p not in PAIRS:
             raise UserError(f"unknown pair '{p}' in --pairs; choose from {', '.join(PAIRS)}")
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
             s["decode_speedup"] = s["decode_tok_s"] / summary["ar"]["decode_tok_s"]
 
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
-    command = "python -m specbench.bench " + " ".join(argv_used)
+    command = f"{prog} " + " ".join(shlex.quote(a) for a in argv_used)
     report = {"command": command, "target": args.target, "task": args.task, "draft": args.draft, "max_new_tokens": args.max_new_tokens,
               "env": env, "shared_machine_note": SHARED_NOTE, "summary": summary, "per_prompt": per_prompt}
     out = args.out or Path(f"reports/bench_{args.target.replace('/', '_')}.md")

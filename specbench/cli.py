@@ -549,6 +549,36 @@ def tune(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    target: str = typer.Option("smollm2-135m", "--target", help="alias, local model directory or hub id"),
+    task: str = typer.Option("humaneval", "--task", "-t", help="built-in task (see `specbench tasks`)"),
+    limit: int = typer.Option(10, "--limit", "-n", help="prompts (a deterministic subset)"),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    pairs: str = typer.Option("ar,ngram,draft-model", "--pairs", help="pairs to run, comma-separated: ar, ngram, draft-model"),
+    ngram_set: List[str] = typer.Option([], "--ngram-set", help="ngram option key=value (repeatable; default: its defaults)"),
+    draft: str = typer.Option("", "--draft", help="draft LM for draft-model and assisted generation (without it that pair is skipped)"),
+    draft_set: List[str] = typer.Option([], "--draft-set", help="draft-model option key=value (repeatable)"),
+    hf_assist: List[str] = typer.Option([], "--hf-assist", help="assistant generation-config field for transformers, e.g. num_assistant_tokens=5"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default; 1 is steadier on a busy machine)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="markdown report, JSON beside it (default reports/bench_<target>.md)"),
+) -> None:
+    """specbench against transformers' own decoding (generate, prompt lookup, assisted), interleaved in one process."""
+    from specbench import bench as benchmod
+
+    argv = ["--target", target, "--task", task, "--limit", str(limit), "--seed", str(seed),
+            "--max-new-tokens", str(max_new_tokens), "--pairs", pairs, "--threads", str(threads)]
+    argv += [a for kv in ngram_set for a in ("--ngram-set", kv)]
+    argv += [a for kv in draft_set for a in ("--draft-set", kv)]
+    argv += [a for kv in hf_assist for a in ("--hf-assist", kv)]
+    if draft:
+        argv += ["--draft", draft]
+    if out is not None:
+        argv += ["--out", str(out)]
+    benchmod.main(argv, prog="specbench bench")
+
+
 # ---------------------------------------------------------------------------- hardware profiles
 
 hardware_app = typer.Typer(help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",

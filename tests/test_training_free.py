@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from clirun import invoke, one_error_line
 from specbench import bench, replay
 from specbench.decode import generate
 from specbench.drafter import DraftContext, Sampling, UserError, drafter_class, parse_config
@@ -187,6 +188,27 @@ def test_bench_refuses_unknown_pair_in_one_line():
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["error: unknown pair 'eagle' in --pairs; choose from ar, ngram, draft-model"]
+
+
+def test_bench_cli_command_runs_the_same_bench(tmp_path):
+    out = tmp_path / "cli-bench.md"
+    result = invoke("bench", "--target", "tiny-llama", "--limit", "1", "--max-new-tokens", "6", "--pairs", "ar,ngram",
+                    "--ngram-set", "num_draft=2", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert list(report["summary"]) == ["ar", "ngram"]
+    assert report["summary"]["ngram"]["same_as_ar"] == 1
+    assert report["command"].startswith("specbench bench --target tiny-llama")
+    assert json.loads(report["summary"]["ngram"]["hf_settings"])["prompt_lookup_num_tokens"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--limit", "0"), "error: --limit must be at least 1, got 0"),
+    (("--pairs", "ar,eagle"), "error: unknown pair 'eagle' in --pairs; choose from ar, ngram, draft-model"),
+    (("--threads", "-1"), "error: --threads must be >= 0 (0 = torch's default), got -1"),
+])
+def test_bench_cli_refuses_bad_input_in_one_line(args, message):
+    assert one_error_line(invoke("bench", "--target", "tiny-llama", *args)) == message
 
 
 def test_cost_profile_is_made_monotone():
