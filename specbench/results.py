@@ -386,6 +386,9 @@ class RunWriter:
         fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{self.out_path.name}.", suffix=".tmp")
         tmp = Path(tmp_name)
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a result file is as readable as any other file
             with os.fdopen(fd, "wb") as f:
                 pq.write_table(table, f)
                 f.flush()

@@ -63,6 +63,21 @@ def test_add_finish_round_trip(tmp_path):
     assert back["decode_s"] == want["decode_s"] and pd.isna(back["checkpoint_hash"])
 
 
+def test_finished_file_has_the_umask_mode_not_mkstemps_0600(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "run.parquet"
+        writer = RunWriter(out, resume=False)
+        writer.add(prompt_rows("p0"))
+        writer.finish()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
 def test_finish_with_no_rows_writes_empty_file(tmp_path):
     out = tmp_path / "empty.parquet"
     RunWriter(out, resume=False).finish()
