@@ -1,7 +1,7 @@
 """SpecBlock's claims against EAGLE-3, from the two SpecBlock sweeps: `python sweeps/specblock_claims.py`.
 
 Reads ``results/specblock/`` (``sweeps/specblock.toml``: every task, budgets 16 / 32 / 90, no AR
-baseline: the hardware-free numbers) and ``results/specblock-speed/`` (``sweeps/specblock_speed.toml``:
+baseline: the hardware-free numbers; a cell it lacks is taken from the speed grid when that ran it) and ``results/specblock-speed/`` (``sweeps/specblock_speed.toml``:
 humaneval, one AR baseline, run on an idle machine: the wall-clock numbers), and writes
 ``reports/specblock_claims.md`` and ``reports/figures/specblock-adaptation.png`` (tau by prompt index
 with and without online adaptation). Cells that have not run yet show as "-".
@@ -84,6 +84,8 @@ def main() -> None:
     speed_plan = sweep.load_sweep(SPEED)
     grid = load_cells(grid_plan)
     speed = load_cells(speed_plan)
+    for key, df in speed.items():  # the speed grid's cells are the same runs (tau does not depend on the machine)
+        grid.setdefault(key, df)
     tasks = list(dict.fromkeys(c.task_label for c in grid_plan.cells))
     lines = ["# SpecBlock against EAGLE-3 on smollm2-135m (equal data, training budget and node budget)", "",
              "Written by `python sweeps/specblock_claims.py` from `results/specblock/` (`specbench sweep sweeps/specblock.toml`) "
