@@ -14,8 +14,10 @@ from safetensors.torch import load_file, save_file
 
 from drafters.specblock import SpecBlockDrafter, SpecBlockOptions
 from drafters.specblock.checkpoint import read_specblock, save_specblock
-from drafters.specblock.model import rank_labels
-from drafters.specblock.train import SpecBlockRecipe, SpecBlockTraining, block_mask, ordinal_smooth, unroll
+from drafters.specblock.model import rank_labels, sdpa
+from drafters.specblock.train import (
+    SpecBlockRecipe, SpecBlockTraining, block_attention, block_mask, ordinal_smooth, unroll,
+)
 from specbench.decode import generate
 from specbench.drafter import Sampling, drafter_class, parse_config
 from specbench.errors import UserError
@@ -78,6 +80,25 @@ def test_block_mask_by_hand():
     # block-1 part: earlier rows' slots, own row's slots < 1 ; own part: own row, slots <= k
     assert m2 == [[1, 0, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 1, 1, 0, 0],
                   [1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("rows, k, ms, chunk, heads, kv_heads", [
+    (7, 4, [], 3, 4, 2), (7, 4, [2], 3, 4, 2), (9, 4, [1, 3], 4, 4, 1), (5, 2, [2, 1], 128, 2, 2), (13, 4, [4, 4], 5, 6, 3),
+])
+def test_block_attention_equals_the_dense_masked_attention(rows, k, ms, chunk, heads, kv_heads):
+    """The chunked training attention (block 1 causal, later blocks same-row only) gives the dense
+    masked attention's output and gradients, for chunk sizes that do and do not divide the rows."""
+    gen = torch.Generator().manual_seed(rows * 10 + len(ms))
+    q = torch.randn(2, heads, rows * k, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    blocks = [tuple(torch.randn(2, kv_heads, rows * k, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+                    for _ in range(2)) for _ in range(len(ms) + 1)]
+    leaves = [q] + [t for kv in blocks for t in kv]
+    dense = sdpa(q, torch.cat([kk for kk, _ in blocks], 2), torch.cat([v for _, v in blocks], 2), block_mask(rows, k, ms, "cpu"))
+    fast = block_attention(q, blocks, k, ms, chunk_rows=chunk)
+    torch.testing.assert_close(fast, dense)
+    w = torch.randn(dense.shape, dtype=torch.float64, generator=gen)
+    for a, b in zip(torch.autograd.grad((fast * w).sum(), leaves), torch.autograd.grad((dense * w).sum(), leaves)):
+        torch.testing.assert_close(a, b)
 
 
 def test_rank_labels_and_ordinal_smoothing():

@@ -113,6 +113,39 @@ def block_mask(rows: int, k: int, valid_counts: list[int], device) -> Tensor:
     return torch.cat(parts, dim=1)
 
 
+def block_attention(q: Tensor, blocks: list[tuple[Tensor, Tensor]], k: int, valid_counts: list[int],
+                    chunk_rows: int = 128) -> Tensor:
+    """Attention of block b = len(blocks) over blocks 1..b, equal to ``sdpa(q, cat keys, cat values,
+    block_mask(R, k, valid_counts))`` but without most of the work that mask throws away.
+
+    Only block 1's keys are seen across rows (causally); the keys of blocks 2..b are seen at the query's
+    own row only. So the queries go in chunks of ``chunk_rows`` rows, each against block 1's keys up to
+    the chunk's last row plus the later blocks' keys of the chunk's own rows, under the same mask
+    restricted to those keys. q [B, nh, R*K, D]; blocks[j] = (keys, values) [B, nkv, R*K, D].
+    """
+    r = q.shape[2] // k
+    device = q.device
+    slot = torch.arange(k, device=device)
+    # which key slots of a query's own row it sees, per block: the first M of earlier blocks, <= own of its own
+    same_row = [(slot < m)[None, :].expand(k, k) for m in valid_counts] + [slot[None, :] <= slot[:, None]]
+    out = []
+    for a in range(0, r, chunk_rows):
+        e = min(a + chunk_rows, r)
+        qr = torch.arange(a, e, device=device).repeat_interleave(k)  # query rows
+        qs = slot.repeat(e - a)  # query slots
+        kr = torch.arange(e, device=device).repeat_interleave(k)
+        ks = slot.repeat(e)
+        parts = [(kr[None, :] < qr[:, None]) | ((kr[None, :] == qr[:, None]) & same_row[0][qs[:, None], ks[None, :]])]
+        own_rows = kr[a * k:]  # the chunk's rows, as key rows
+        own_slots = ks[a * k:]
+        for j in range(1, len(blocks)):
+            parts.append((own_rows[None, :] == qr[:, None]) & same_row[j][qs[:, None], own_slots[None, :]])
+        keys = torch.cat([blocks[0][0][:, :, :e * k]] + [kk[:, :, a * k:e * k] for kk, _ in blocks[1:]], dim=2)
+        values = torch.cat([blocks[0][1][:, :, :e * k]] + [v[:, :, a * k:e * k] for _, v in blocks[1:]], dim=2)
+        out.append(sdpa(q[:, :, a * k:e * k], keys, values, torch.cat(parts, dim=1)))
+    return torch.cat(out, dim=2)
+
+
 def unroll(model: SpecBlockModel, tokens: Tensor, features: Tensor, ms: list[int]) -> list[BlockOutput]:
     """Every block's output over all rows: tokens [B, T], features [B, T, 3Ht]; ``ms`` the M drawn after
     each block but the last (len(ms) + 1 blocks)."""
@@ -125,11 +158,10 @@ def unroll(model: SpecBlockModel, tokens: Tensor, features: Tensor, ms: list[int
     outs: list[BlockOutput] = []
     cond, draft_cond, offset = features[:, :r], False, 0
     for blk in range(len(ms) + 1):
-        mask = block_mask(r, k, ms[:blk], device)
 
         def attend(layer: int, q: Tensor, kk: Tensor, v: Tensor) -> Tensor:
             keys[layer].append((kk, v))
-            return sdpa(q, torch.cat([x[0] for x in keys[layer]], dim=2), torch.cat([x[1] for x in keys[layer]], dim=2), mask)
+            return block_attention(q, keys[layer], k, ms[:blk])
 
         ids = padded[:, 1 + offset : 1 + offset + r]
         out = model.run(cond, ids, positions, attend, draft_cond)
