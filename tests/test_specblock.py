@@ -357,3 +357,32 @@ def test_bandit_updates_only_when_the_gain_beats_the_cost(target):
     assert a._choose(1.5)[0] in ("skip", "small")
     a.rewards["small"] = [-0.5, -0.6]  # worse than skipping's drift
     assert a._choose(1.5) == ("skip", 0.0)
+
+
+def test_shipped_smollm2_checkpoint_is_package_data_in_the_released_layout():
+    """The SpecBlock head trained for the default target ships in upstream's layout (no embedding,
+    d2t/t2d in the weights and in vocab_mapping.pt), fp16, under 25 MiB, with a card that has the
+    held-out per-slot accuracy and the rank head's confusion matrix and no local paths."""
+    from safetensors import safe_open
+
+    from drafters.specblock.drafter import shipped
+
+    path = shipped("smollm2-135m")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMSpecBlockShift"] and cfg["num_hidden_layers"] == 2
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["target_hidden_size"]) == (49152, 576, 576)
+    assert (cfg["draft_vocab_size"], cfg["diffspec_draft_token_num"], cfg["rank_classes"], cfg["num_ttt_blocks"]) == (4096, 4, 4, 3)
+    assert (path / "model.safetensors").stat().st_size <= 25 * 2**20  # 23.4 MiB: two layers, shift_proj, a 4,096-row head
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        floats = [f.get_tensor(k) for k in keys if k not in ("d2t", "t2d")]
+        assert floats and all(t.dtype == torch.float16 for t in floats)
+    assert not any("embed" in k for k in keys)
+    assert {"d2t", "t2d", "norm.weight", "lm_head.weight", "rank_head.0.weight", "rank_head.2.weight"} <= keys
+    assert all(k.split(".")[0] in ("input_layer", "layers", "shift_proj", "norm", "lm_head", "rank_head", "d2t", "t2d")
+               for k in keys)
+    maps = torch.load(path / "vocab_mapping.pt", weights_only=True)
+    assert maps["d2t"].shape == (4096,) and maps["t2d"].shape == (49152,) and int(maps["t2d"].sum()) == 4096
+    card = (path / "TRAINING.md").read_text()
+    assert "specbench train --drafter specblock" in card and "## Final held-out metrics" in card
+    assert "confusion" in card.lower() and "/work/" not in card and "/tmp/" not in card
