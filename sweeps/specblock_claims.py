@@ -170,7 +170,7 @@ def main() -> None:
     pairs = [(t, grid[("specblock-90", t)], grid[("specblock-90-bandit", t)]) for t in tasks
              if ("specblock-90", t) in grid and ("specblock-90-bandit", t) in grid]
     if pairs:
-        fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3.0), squeeze=False)
+        fig, axes = plt.subplots(1, len(pairs), figsize=(max(6.4, 3.2 * len(pairs)), 3.2), squeeze=False)
         lines += ["", "## Online adaptation (bandit over the rank head), budget 90", "",
                   "| task | tau off | tau bandit | updates taken (small / large) of decisions | update seconds |", "|---|---:|---:|---:|---:|"]
         for ax, (task, off, on) in zip(axes[0], pairs):
