@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    load_before = _load()
     target = load_target(args.target)
     model, tok = target.model, target.tokenizer
     stop = set(target.stop_token_ids)
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
             tot[method]["same_as_ar"] += same_ar
             row[f"{method}_same_as_ar"] = same_ar
             row[f"hf_{method}_same_as_hf_greedy"] = same_hf
+        row["load_1min"] = _load()
         per_prompt.append(row)
         print(f"{p.id}: " + ", ".join(f"{m} {row[f'{m}_tok'] / row[f'{m}_s']:.1f} vs {row[f'hf_{m}_tok'] / row[f'hf_{m}_s']:.1f} tok/s"
                                       for m in pairs), flush=True)
@@ -218,7 +221,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
     command = f"{prog} " + " ".join(shlex.quote(a) for a in argv_used)
     report = {"command": command, "target": args.target, "task": args.task, "draft": args.draft, "max_new_tokens": args.max_new_tokens,
-              "env": env, "shared_machine_note": SHARED_NOTE, "summary": summary, "per_prompt": per_prompt}
+              "env": env, "load_before": load_before, "load_max": max((r["load_1min"] for r in per_prompt), default=None),
+              "shared_machine_note": load_note(load_before, [r["load_1min"] for r in per_prompt], torch.get_num_threads()),
+              "summary": summary, "per_prompt": per_prompt}
     out = args.out or Path(f"reports/bench_{args.target.replace('/', '_')}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(report))
@@ -228,8 +233,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
     return report
 
 
-SHARED_NOTE = ("The CPU may be shared with other processes (this project's machine was): absolute tokens/s are "
-               "inflated by them; the ratios come from one process on the same prompts, interleaved.")
+def _load() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def load_note(before: float | None, during: list[float | None], threads: int) -> str:
+    """One sentence on how busy the machine was: the 1-minute load average before the run and its
+    peak after the prompts, against the threads this process runs (its own share of the load)."""
+    seen = [x for x in during if x is not None]
+    if before is None or not seen:
+        return ("The load average is not available here; the ratios come from one process on the same prompts, "
+                "interleaved, so they hold even when other processes share the CPU.")
+    peak = max(seen)
+    busy = before > 0.5 or peak > threads + 0.5
+    return (f"1-minute load average {before:.2f} before the run, at most {peak:.2f} after a prompt, against this "
+            f"process's {threads} threads: " + ("other processes shared the CPU, so absolute tok/s are deflated by them; "
+            if busy else "the machine was otherwise idle; ")
+            + "the ratios come from one process on the same prompts, interleaved.")
 
 
 def _speed(s: dict, key: str) -> str:

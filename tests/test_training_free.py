@@ -181,6 +181,18 @@ def test_bench_pairs_and_report(tmp_path, capsys):
     assert json.loads(summary["draft-model"]["hf_settings"])["num_assistant_tokens"] == 2
     assert summary["draft-model"]["tau"] > 2.0  # a draft identical to the target is always accepted
     assert "| ngram | prompt lookup |" in out.read_text()
+    assert len(report["per_prompt"]) == 2 and all("load_1min" in r for r in report["per_prompt"])
+    assert "load average" in out.read_text()  # how busy the machine was is part of the report
+
+
+def test_bench_load_note_says_whether_the_machine_was_shared():
+    idle = bench.load_note(0.1, [2.1, 2.3], threads=2)
+    busy = bench.load_note(0.2, [2.1, 4.4], threads=2)
+    busy_before = bench.load_note(1.8, [2.1], threads=2)
+    assert "otherwise idle" in idle and "0.10 before the run, at most 2.30" in idle
+    assert "other processes shared the CPU" in busy and "at most 4.40" in busy
+    assert "other processes shared the CPU" in busy_before
+    assert "not available" in bench.load_note(None, [None], threads=1)
 
 
 def test_bench_refuses_unknown_pair_in_one_line():
