@@ -1,8 +1,8 @@
 """Regenerated against original answers at 200k tokens (issue 10): `python sweeps/eagle3_answers.py`.
 
-Reads ``results/eagle3-answers/`` (``specbench sweep sweeps/eagle3_answers.toml``); a regenerated-head
-cell this grid has not run is taken from ``results/specblock-speed/`` (the same head, settings, prompts
-and token limit: its eagle3-16 / eagle3-90 cells). Prints the markdown table of the README: per task
+Reads ``results/eagle3-answers/`` (``specbench sweep sweeps/eagle3_answers.toml``: the original-answers
+head) and the regenerated head's cells from ``results/specblock-speed/`` (``sweeps/specblock_speed.toml``'s
+eagle3-16 cells: the same settings, prompts and token limit). Prints the markdown table of the README: per task
 and node budget, tau and P(acc >= d) of each head, the two heads' held-out accuracies from their
 training cards (each on its own answer source's held-out data, so they do not compare across rows),
 and checks that both heads' outputs are identical token for token (both are lossless).
@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 GRID = HERE / "eagle3_answers.toml"
 SPEED = HERE / "specblock_speed.toml"
 SOURCES = ("original", "regenerated")
-BUDGETS = (16, 90)
+BUDGETS = (16,)
 
 
 def _cells(plan: sweep.Sweep) -> dict:
@@ -31,16 +31,18 @@ def _cells(plan: sweep.Sweep) -> dict:
 def main() -> None:
     grid = sweep.load_sweep(GRID)
     speed = _cells(sweep.load_sweep(SPEED))
-    frames, heads = {}, {}
-    for cell in grid.cells:
+    frames = {}
+    heads = {"original": None, "regenerated": None}
+    for cell in grid.cells:  # the original-answers head
         source, budget = cell.label.rsplit("-", 1)
         heads[source] = Path(cell.spec.drafter_path)
-        path = cell.out
-        fallback = speed.get((f"eagle3-{budget}", cell.task_label))
-        if not path.exists() and source == "regenerated" and fallback is not None and fallback.out.exists():
-            path = fallback.out
-        if path.exists():
-            frames[(source, int(budget), cell.task_label)] = results.read_results([path])
+        if cell.out.exists():
+            frames[(source, int(budget), cell.task_label)] = results.read_results([cell.out])
+    for (label, task), cell in speed.items():  # the regenerated head: the SpecBlock speed grid's EAGLE-3 cells
+        if label.startswith("eagle3-") and int(label.split("-")[1]) in BUDGETS:
+            heads["regenerated"] = Path(cell.spec.drafter_path)
+            if cell.out.exists():
+                frames[("regenerated", int(label.split("-")[1]), task)] = results.read_results([cell.out])
     tasks = list(dict.fromkeys(c.task_label for c in grid.cells))
 
     print("| head | answers | assistant tokens | epochs | steps | held-out top-1 at depth 1 / 2 / 4 / 7 |")
