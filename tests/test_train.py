@@ -317,7 +317,7 @@ def cli(*args):
     return CliRunner().invoke(app, ["train", *args])
 
 
-TINY_CLI = ["--target", "tiny-llama", "--data", "mbpp-train", "--budget-tokens", "1200", "--heldout-tokens", "200",
+TINY_CLI = ["--target", "tiny-llama", "--data", "mbpp-train", "--budget-tokens", "1200", "--heldout-tokens", "200", "--no-regenerate",
             "--set", "epochs=1", "--set", "batch_tokens=512", "--set", "draft_vocab_size=64", "--set", "ttt_steps=3"]
 
 

@@ -56,6 +56,9 @@ class Eagle3Recipe(TrainRecipe):
     draft_vocab_size: int = 4096  # lm_head rows; 4096 keeps the fp16 head of smollm2-135m under 16 MB
     init_lm_head_from_target: bool = False  # measured worse here: initial soft CE ~16 nats against ~9 from default init
     batch_tokens: int = 1024  # small data: more, smaller steps (~33 steps per 20k-token epoch)
+    # target-regenerated answers: measured at 200k tokens, tau +8% (geometric mean of 5 tasks) over the
+    # data sets' own answers (README, "Self-distillation, measured"; sweeps/eagle3_answers.toml)
+    regenerate: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

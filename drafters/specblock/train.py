@@ -63,6 +63,7 @@ class SpecBlockRecipe(TrainRecipe):
     rank_weight: float = 1.0
     rank_budget_per_class: int = 10  # per-slot class-frequency reweighting (<= 0: off)
     draft_vocab_size: int = 4096  # as EAGLE-3's recipe (same data, same vocabulary choice)
+    regenerate: bool = True  # as EAGLE-3's recipe (same data, same answer source)
     batch_tokens: int = 1024
     # the slot-k draft loss is a sum over the rows the valid-prefix mask keeps, divided by: "scored" =
     # every scored row of the slot (ours, the default), "chain" = the kept rows only (upstream)
