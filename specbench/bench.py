@@ -243,13 +243,16 @@ def _load() -> float | None:
 
 def load_note(before: float | None, during: list[float | None], threads: int) -> str:
     """One sentence on how busy the machine was: the 1-minute load average before the run and its
-    peak after the prompts, against the threads this process runs (its own share of the load)."""
+    peak after the prompts, against the threads this process runs (its own share of the load).
+
+    The verdict rests on the peak alone: the average lags by about a minute, so a load left over
+    from a process that just ended shows before the run without sharing the CPU during it."""
     seen = [x for x in during if x is not None]
     if before is None or not seen:
         return ("The load average is not available here; the ratios come from one process on the same prompts, "
                 "interleaved, so they hold even when other processes share the CPU.")
     peak = max(seen)
-    busy = before > 0.5 or peak > threads + 0.5
+    busy = peak > threads + 0.5
     return (f"1-minute load average {before:.2f} before the run, at most {peak:.2f} after a prompt, against this "
             f"process's {threads} threads: " + ("other processes shared the CPU, so absolute tok/s are deflated by them; "
             if busy else "the machine was otherwise idle; ")
