@@ -44,6 +44,11 @@ def _label(family: str, budget: int) -> str:
     return family if family.endswith("bandit") else f"{family}-{budget}"
 
 
+def _cells():
+    """(budget, family, display name) of every table row: each family at each budget, the bandit at 90 only."""
+    return [(b, f, n) for b in BUDGETS for f, n in FAMILIES if not (f.endswith("bandit") and b != 90)]
+
+
 def load_cells(plan: sweep.Sweep) -> dict[tuple[str, str], "results.pd.DataFrame"]:
     out = {}
     for cell in plan.cells:
@@ -100,17 +105,14 @@ def main() -> None:
               + " | ".join(f"{hw} (projected)" for hw in HARDWARE) + " |",
               "|---|---:|---|---:|---:|---|---:|---:|" + "---:|" * len(HARDWARE)]
     for task in tasks:
-        for budget in BUDGETS:
-            for family, name in FAMILIES:
-                if family.endswith("bandit") and budget != 90:
-                    continue
-                s = summaries.get((_label(family, budget), task))
-                if s is None:
-                    lines.append(f"| {task} | {budget} | {name} | - | - | - | - | - | " + " | ".join("-" for _ in HARDWARE) + " |")
-                    continue
-                lines.append(f"| {task} | {budget} | {name} | {s['prompts']} | {_fmt(s['tau'])} | "
-                             + "/".join(_fmt(100 * a, ".0f") for a in s["acc"]) + f" | {_fmt(s['tree'], '.1f')} | "
-                             f"{_fmt(s['calls'], '.1f')} | " + " | ".join(f"{_fmt(s[hw])}x" for hw in HARDWARE) + " |")
+        for budget, family, name in _cells():
+            s = summaries.get((_label(family, budget), task))
+            if s is None:
+                lines.append(f"| {task} | {budget} | {name} | - | - | - | - | - | " + " | ".join("-" for _ in HARDWARE) + " |")
+                continue
+            lines.append(f"| {task} | {budget} | {name} | {s['prompts']} | {_fmt(s['tau'])} | "
+                         + "/".join(_fmt(100 * a, ".0f") for a in s["acc"]) + f" | {_fmt(s['tree'], '.1f')} | "
+                         f"{_fmt(s['calls'], '.1f')} | " + " | ".join(f"{_fmt(s[hw])}x" for hw in HARDWARE) + " |")
 
     lines += ["", "## Mean over tasks (tasks where both drafters ran)", "",
               "| budget | tasks | EAGLE-3 tau | SpecBlock tau | tau ratio | "
@@ -146,20 +148,17 @@ def main() -> None:
         lines += ["| task | budget | drafter | prompts | tau | draft ms / step | drafter calls / step | draft share | decode speedup (sum / mean) | lossless |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
         for task in speed_tasks:
-            for budget in BUDGETS:
-                for family, name in FAMILIES:
-                    if family.endswith("bandit") and budget != 90:
-                        continue
-                    df = speed.get((_label(family, budget), task))
-                    if df is None:
-                        continue
-                    r = report.run_summary(df, baselines[task])
-                    r["draft_ms"] = 1000 * report.draft_s_per_step(df)
-                    rows[(family, budget, task)] = r
-                    lines.append(f"| {task} | {budget} | {name} | {r['n_prompts']} | {_fmt(r['tau_micro'])} | {_fmt(r['draft_ms'], '.1f')} | "
-                                 f"{_fmt(r['drafter_forwards_per_step'], '.1f')} | {_fmt(100 * r['draft_share'], '.1f')}% | "
-                                 f"{_fmt(r['decode_speedup_sum'])}x / {_fmt(r['decode_speedup_mean'])}x | "
-                                 f"{ {True: 'yes', False: 'NO', None: '-'}[r['lossless']]} |")
+            for budget, family, name in _cells():
+                df = speed.get((_label(family, budget), task))
+                if df is None:
+                    continue
+                r = report.run_summary(df, baselines[task])
+                r["draft_ms"] = 1000 * report.draft_s_per_step(df)
+                rows[(family, budget, task)] = r
+                lines.append(f"| {task} | {budget} | {name} | {r['n_prompts']} | {_fmt(r['tau_micro'])} | {_fmt(r['draft_ms'], '.1f')} | "
+                             f"{_fmt(r['drafter_forwards_per_step'], '.1f')} | {_fmt(100 * r['draft_share'], '.1f')}% | "
+                             f"{_fmt(r['decode_speedup_sum'])}x / {_fmt(r['decode_speedup_mean'])}x | "
+                             f"{ {True: 'yes', False: 'NO', None: '-'}[r['lossless']]} |")
 
         def gain(a, b):  # SpecBlock's decode speedup over EAGLE-3's, in percent
             return 100 * (a["decode_speedup_sum"] / b["decode_speedup_sum"] - 1)
