@@ -1,0 +1,160 @@
+"""The block claims table of issue 10 with the 200k-token heads: `python sweeps/block_r200k.py`.
+
+Reads ``results/block-r200k/`` (``specbench sweep sweeps/block_r200k.toml``: every cell of a task
+paired with one AR baseline measured in the same run) and writes ``reports/block_r200k.md`` and
+``reports/figures/block-r200k-budget.png`` (tau and decode speedup against the node budget, one
+panel per task). Cells that have not run yet show as "-", and a claim with a missing cell says so
+instead of a verdict. Each verdict states its rule; none is decided by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specbench import report, results, sweep  # noqa: E402
+
+SWEEP = Path(__file__).with_suffix(".toml")
+BUDGETS = (16, 32, 64, 128)
+# (label prefix, display name) of the families that run at every budget
+CURVES = (("dflash-marginal", "DFlash, marginal tree"), ("jetspec", "JetSpec, causal tree"), ("treeflash", "TreeFlash"))
+# the 16-node extras: (label, display name)
+AT16 = (("dflash-chain-16", "DFlash, chain"), ("jetspec-chain-16", "JetSpec, chain (width 1)"),
+        ("jetspec-kbest-16", "JetSpec head, marginal tree"), ("eagle3-16", "EAGLE-3 (200k head), depth 5, top_k 4"))
+OUT = Path("reports/block_r200k.md")
+FIGURE = Path("reports/figures/block-r200k-budget.png")
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def summaries(plan: sweep.Sweep) -> tuple[list[str], dict[tuple[str, str], dict]]:
+    """Per (label, task): report.run_summary against the task's AR baseline, plus draft ms per step."""
+    baselines = {}
+    for path in sorted(plan.results_dir.glob("*.ar-baseline.parquet")):
+        df = results.read_results([path])
+        df = df[df["drafter"] == report.BASELINE_DRAFTER]
+        if len(df):
+            baselines[str(df["task"].iloc[0])] = df
+    tasks = list(dict.fromkeys(c.task_label for c in plan.cells))
+    out = {}
+    for cell in plan.cells:
+        if not cell.out.exists():
+            continue
+        df = results.read_results([cell.out])
+        s = report.run_summary(df, baselines.get(cell.task_label))
+        s["draft_ms"] = 1000 * report.draft_s_per_step(df)
+        out[(cell.label, cell.task_label)] = s
+    return tasks, out
+
+
+def claim_lines(tasks: list[str], s: dict) -> list[str]:
+    """One line per claim of the issue: its rule, the numbers and the verdict (or what is missing)."""
+    tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
+    lines = []
+
+    def verdict(name: str, rule: str, checks: list[tuple[str, bool | None, str]]) -> None:
+        missing = [t for t, ok, _ in checks if ok is None]
+        held = [t for t, ok, _ in checks if ok]
+        detail = "; ".join(f"{t}: {d}" for t, _, d in checks)
+        if missing:
+            word = f"not measured yet ({', '.join(missing)} missing)"
+        else:
+            word = "**reproduced**" if len(held) == len(checks) else f"**not reproduced** (holds on {len(held)} of {len(checks)})"
+        lines.append(f"- {name} ({rule}): {word}. {detail}.")
+
+    def cmp(a, b, strict=True):
+        return None if a is None or b is None else (a > b if strict else a >= b)
+
+    checks = []
+    for t in tasks:
+        c, k, ch = tau("jetspec-16", t), tau("jetspec-kbest-16", t), tau("jetspec-chain-16", t)
+        ok = None if None in (c, k, ch) else (c > k > ch)
+        checks.append((t, ok, f"{_fmt(c)} > {_fmt(k)} > {_fmt(ch)}"))
+    verdict("JetSpec's ordering", "tau of its causal tree > marginal tree > chain on the same head, 16 nodes, every task", checks)
+
+    checks = []
+    for t in tasks:
+        pairs = [(b, tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)) for b in BUDGETS]
+        ok = None if any(x is None or y is None for _, x, y in pairs) else all(x > y for _, x, y in pairs)
+        checks.append((t, ok, ", ".join(f"{b}: {_fmt(x)} vs {_fmt(y)}" for b, x, y in pairs)))
+    verdict("TreeFlash over its own marginal tree", "tau with the correction > without, at every budget and task", checks)
+
+    a, b = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+    verdict("DFlash against EAGLE-3 (issue target)", "16-node marginal-tree tau on humaneval >= EAGLE-3's 16-node tau",
+            [("humaneval", cmp(a, b, strict=False), f"{_fmt(a)} vs {_fmt(b)}")])
+    a = tau("jetspec-64", "math500")
+    verdict("JetSpec at budget 64 (issue target)", "tau on math500 >= 2.5",
+            [("math500", None if a is None else a >= 2.5, f"{_fmt(a)}")])
+    return lines
+
+
+def main() -> None:
+    plan = sweep.load_sweep(SWEEP)
+    tasks, s = summaries(plan)
+    lines = ["# Block drafters retrained at 200k tokens on smollm2-135m (CPU, greedy)", "",
+             "Written by `python sweeps/block_r200k.py` from `results/block-r200k/` (`specbench sweep sweeps/block_r200k.toml`). "
+             "Heads: `drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
+             "assistant tokens; their TRAINING.md cards), EAGLE-3's 200k head for reference. At most 128 new tokens; budgets count "
+             "the root; each decode speedup is against its task's AR baseline from the same run.", "",
+             "## Claims", ""]
+    lines += claim_lines(tasks, s)
+
+    lines += ["", "## tau / decode speedup against the node budget", "",
+              "| task | drafter | " + " | ".join(f"{b} nodes" for b in BUDGETS) + " |", "|---|---|" + "---:|" * len(BUDGETS)]
+    for t in tasks:
+        for prefix, name in CURVES:
+            cells = [s.get((f"{prefix}-{b}", t)) for b in BUDGETS]
+            lines.append(f"| {t} | {name} | " + " | ".join(
+                "-" if c is None else f"{_fmt(c['tau_micro'])} / {_fmt(c['decode_speedup_sum'])}x" for c in cells) + " |")
+
+    lines += ["", "## Every cell", "",
+              "| task | setting | prompts | tau | draft ms / step | draft share | decode speedup (sum / mean) | lossless |",
+              "|---|---|---:|---:|---:|---:|---:|---|"]
+    names = dict(AT16) | {f"{p}-{b}": f"{n}, {b} nodes" for p, n in CURVES for b in BUDGETS}
+    for t in tasks:
+        for label, name in names.items():
+            c = s.get((label, t))
+            if c is None:
+                continue
+            lines.append(f"| {t} | {name} | {c['n_prompts']} | {_fmt(c['tau_micro'])} | {_fmt(c['draft_ms'], '.1f')} | "
+                         f"{_fmt(100 * c['draft_share'], '.1f')}% | {_fmt(c['decode_speedup_sum'])}x / {_fmt(c['decode_speedup_mean'])}x | "
+                         f"{ {True: 'yes', False: 'NO', None: '-'}[c['lossless']]} |")
+
+    plotted = [t for t in tasks if any((f"{p}-{b}", t) in s for p, _ in CURVES for b in BUDGETS)]
+    if plotted:
+        fig, axes = plt.subplots(2, len(plotted), figsize=(max(6.4, 3.2 * len(plotted)), 5.6), squeeze=False, sharex=True)
+        for j, t in enumerate(plotted):
+            for prefix, name in CURVES:
+                pts = [(b, s[(f"{prefix}-{b}", t)]) for b in BUDGETS if (f"{prefix}-{b}", t) in s]
+                if pts:
+                    axes[0][j].plot([b for b, _ in pts], [c["tau_micro"] for _, c in pts], marker="o", label=name)
+                    axes[1][j].plot([b for b, _ in pts], [c["decode_speedup_sum"] for _, c in pts], marker="o", label=name)
+            axes[0][j].set_title(t, fontsize=9)
+            axes[1][j].axhline(1.0, color="grey", lw=0.8, ls="--")
+            axes[1][j].set_xlabel("node budget (root included)")
+            for ax in (axes[0][j], axes[1][j]):
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(BUDGETS, [str(b) for b in BUDGETS])
+                ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("tau")
+        axes[1][0].set_ylabel("decode speedup over AR (this CPU)")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("Block drafters retrained at 200k tokens, smollm2-135m, greedy", fontsize=9)
+        fig.tight_layout()
+        FIGURE.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(FIGURE, dpi=150)
+        lines += ["", f"![tau and decode speedup against the node budget]({FIGURE.relative_to('reports')})"]
+        print(f"wrote {FIGURE}")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
