@@ -116,6 +116,33 @@ def test_chunked_backward_is_the_whole_batch_gradient(target, tmp_path, case):
         torch.testing.assert_close(g1[k], g2[k], atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("case", [*CASES, "treeflash-frozen"])
+def test_mixed_precision_keeps_the_gradient(target, tmp_path, case):
+    """precision=bf16 (autocast forward, bfloat16 lm_head) and bf16-head train the same float32
+    weights on nearly the fp32 gradient; the loss stays float32. A wrong precision is refused."""
+    results = {}
+    for precision in ("fp32", "bf16-head", "bf16"):
+        if case == "treeflash-frozen":
+            tr = treeflash_on_saved_backbone(target, tmp_path, f"precision={precision}")
+        else:
+            cls, opts = CASES[case]
+            tr = trainable(target, cls, *opts, f"precision={precision}")
+        assert tr.head_weight.dtype == (torch.float32 if precision == "fp32" else torch.bfloat16)
+        tr.module.train()
+        value, metrics = tr.backward(random_batch(target, tr.cache_layers), 1.0)
+        g = grads(tr.module)
+        assert all(x.dtype == torch.float32 and torch.isfinite(x).all() for x in g.values())
+        results[precision] = (value, torch.cat([x.flatten() for x in g.values()]).double())
+    v32, g32 = results["fp32"]
+    for precision in ("bf16-head", "bf16"):
+        value, g = results[precision]
+        assert value == pytest.approx(v32, rel=2e-2)
+        assert torch.nn.functional.cosine_similarity(g, g32, dim=0) > 0.99, precision
+        assert not torch.equal(g, g32)  # the bfloat16 path really ran
+    with pytest.raises(UserError, match="precision must be one of"):
+        parse_config(BlockRecipe, ["precision=fp16"])
+
+
 def test_training_takes_every_valid_anchor_up_to_the_cap(target):
     tr = trainable(target, DFlashTraining)
     batch = random_batch(target, tr.cache_layers, s=2, t=40)
