@@ -331,6 +331,12 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     summary = json.loads((out / "training.json").read_text())
     assert summary["finished"] and summary["train_loss_tokens"] >= 1200 and summary["steps"] > 0
     assert set(summary["heldout"]) >= {"acc_0", "acc_1", "acc_2", "loss_0"}
+    # no path of this machine in what ships: --out as the folder's name, caches as $SPECBENCH_CACHE/...
+    from specbench.fetch import cache_root
+
+    for text in (card, (out / "training.json").read_text()):
+        assert str(tmp_path) not in text and str(cache_root()) not in text and str(Path.home()) not in text
+    assert all(v.startswith("$SPECBENCH_CACHE/features/") for v in summary["feature_cache"].values())
     head = load_eagle3(out, targets["tiny-llama"])
     assert next(head.parameters()).dtype == torch.float32  # saved in fp16, loaded in the target's dtype
     from safetensors import safe_open
@@ -345,6 +351,18 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     # other settings in the same directory: one line, exit 2
     res = cli(*[a if a != "1200" else "1500" for a in TINY_CLI], "--out", str(out))
     assert res.exit_code == 2 and "other settings (budget_tokens)" in res.output and "Traceback" not in res.output
+
+
+def test_recorded_command_has_no_local_paths(monkeypatch, tmp_path):
+    from specbench.train.pipeline import portable_command, portable_path
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    assert portable_command("specbench train --drafter dflash --set epochs=6 --out /work/runs/dflash") == \
+        "specbench train --drafter dflash --set epochs=6 --out dflash"
+    assert portable_command("specbench train --out=/a/b/head --data 'x y'") == "specbench train --out=head --data 'x y'"
+    assert portable_command("specbench train --out heads/r200k") == "specbench train --out heads/r200k"  # relative: kept
+    assert portable_path(tmp_path / "cache" / "features" / "k") == "$SPECBENCH_CACHE/features/k"
+    assert portable_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize("args,words", [
@@ -407,3 +425,15 @@ def test_shipped_smollm2_head_is_package_data():
     assert int(t2d.sum()) == d2t.numel() == cfg["draft_vocab_size"] and bool(t2d[ids].all())
     card = (path / "TRAINING.md").read_text()
     assert "specbench train" in card and "## Final held-out metrics" in card
+
+
+def test_shipped_cards_hold_no_local_paths():
+    """Issue 10: no path of the machine a head was trained on in its TRAINING.md or training.json."""
+    import re
+
+    root = Path(__file__).parent.parent / "drafters" / "checkpoints"
+    files = sorted(root.glob("*/TRAINING.md")) + sorted(root.glob("*/training.json"))
+    assert len(files) >= 10
+    local = re.compile(r"(?<![\w$.])/(?:work|root|home|tmp|Users|mnt|data)/")
+    for f in files:
+        assert not local.search(f.read_text()), f"{f} names a local path"

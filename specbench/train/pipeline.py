@@ -283,7 +283,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
         "heldout_conversations": len(held_ids),
         "heldout_loss_tokens": int(sum(map(sum, held_mask))),
         "tokens_seen": result.train_tokens_seen,
-        "command": command,
+        "command": portable_command(command),
         "seconds": {"all_calls": previous_seconds + time.perf_counter() - wall_start,
                     "total_this_call": time.perf_counter() - wall_start, "features_this_call": feature_seconds,
                     "train_this_call": result.seconds,
@@ -293,7 +293,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
         "regenerate": regen_stats,
         "heldout": result.heldout,
         "root_probe": root_probe(result.heldout),  # block families (None for the others)
-        "feature_cache": {k: str(v.path) for k, v in caches.items()},
+        "feature_cache": {k: portable_path(v.path) for k, v in caches.items()},
         "hardware": {**env_fingerprint(str(device), str(target.dtype).removeprefix("torch.")),
                      "machine": platform.machine(), "processes": 1 if world is None else world.size},
     }
@@ -304,6 +304,39 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
     if done:
         (job.out / "TRAINING.md").write_text(training_card(summary))
     return summary
+
+
+def portable_path(path: Path | str) -> str:
+    """A cache path as ``$SPECBENCH_CACHE/...`` (the same on every machine); any other path unchanged."""
+    from specbench.fetch import CACHE_ENV, cache_root
+
+    try:
+        return f"${CACHE_ENV}/" + Path(path).resolve().relative_to(cache_root().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def portable_command(command: str) -> str:
+    """The recorded command without this machine's paths: an absolute ``--out`` becomes its folder's
+    name (the card lives in that folder) and a cache path ``$SPECBENCH_CACHE/...``."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    out = []
+    for i, word in enumerate(words):
+        if i and words[i - 1] == "--out" and Path(word).is_absolute():
+            word = Path(word).name
+        elif word.startswith("--out=") and Path(word[6:]).is_absolute():
+            word = "--out=" + Path(word[6:]).name
+        elif Path(word).is_absolute():
+            word = portable_path(word)
+        out.append(word)
+    from specbench.fetch import CACHE_ENV
+
+    return " ".join(w if w.startswith(f"${CACHE_ENV}/") else shlex.quote(w) for w in out)
 
 
 def training_card(summary: dict) -> str:
