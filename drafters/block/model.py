@@ -273,8 +273,9 @@ class BlockModel(nn.Module):
 
     def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
         """Pre-norm hidden states [..., H] -> logits through ``lm_head`` [Vd, H]: :meth:`draft_lm_head`
-        of the target's (the target's own weight when the vocabulary is full)."""
-        return self.norm(hidden) @ lm_head.T
+        of the target's (the target's own weight when the vocabulary is full), in ``lm_head``'s dtype
+        (training may pass a bfloat16 copy)."""
+        return self.norm(hidden).to(lm_head.dtype) @ lm_head.T
 
     # ------------------------------------------------------------ the draft vocabulary
     def draft_ids(self) -> Tensor | None:

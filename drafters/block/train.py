@@ -268,8 +268,7 @@ class BlockTraining(Trainable):
     def score(self, hidden: Tensor) -> Tensor:
         """Float32 logits [n, Vd] of pre-norm hidden states [n, H] through the frozen lm_head (the
         model's :meth:`~BlockModel.logits`), the matmul in the recipe's ``precision``."""
-        w = self.head_weight
-        return (self.module.norm(hidden).to(w.dtype) @ w.T).float()
+        return self.module.logits(hidden, self.head_weight).float()
 
     def amp(self, device) -> torch.autocast:
         """The drafter's forward under bfloat16 autocast when the recipe's precision is bf16 (else a no-op)."""
