@@ -205,6 +205,9 @@ class Evil:
         return (print, ("unpickled!",))
 
 
+# the hostile vocab_mapping.pt below is a plain pickle (protocol 4); torch's weights-only unpickler
+# warns about the protocol before it refuses the file, which is what the test checks
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_refusals_are_one_line(target, tmp_path):
     upstream_checkpoint(tmp_path / "up", target)
     other = load_target("tiny-qwen3", device="cpu", dtype="float32")
