@@ -23,7 +23,8 @@ from drafters.block.checkpoint import load_block, save_block
 from drafters.block.drafter import DFlashDrafter, JetSpecDrafter, TreeFlashDrafter
 from drafters.block.model import random_block_model
 from drafters.block.train import (
-    BlockRecipe, DFlashTraining, JetSpecTraining, TreeFlashRecipe, TreeFlashTraining, select_anchors, valid_anchors,
+    BlockRecipe, DFlashTraining, JetSpecTraining, TreeFlashRecipe, TreeFlashTraining, forward_kl, hard_label_ce,
+    select_anchors, valid_anchors,
 )
 from drafters.common.vocab import draft_vocabulary
 from specbench.decode import generate
@@ -141,6 +142,32 @@ def test_mixed_precision_keeps_the_gradient(target, tmp_path, case):
         assert not torch.equal(g, g32)  # the bfloat16 path really ran
     with pytest.raises(UserError, match="precision must be one of"):
         parse_config(BlockRecipe, ["precision=fp16"])
+
+
+@pytest.mark.parametrize("objective", ["hard", "soft"])
+def test_fused_objectives_equal_the_autograd_chain(objective):
+    """The one-buffer backward of the objectives gives the plain formula's per-row losses, log-probs
+    and gradient, with a subset of rows selected and weighted as the training loop does."""
+    g = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(9, 50, generator=g, dtype=torch.float64)).requires_grad_()
+    labels = torch.randint(0, 50, (9,), generator=g)
+    target_logp = torch.log_softmax(torch.randn(9, 50, generator=g, dtype=torch.float64), dim=-1)
+    rows, w = torch.tensor([0, 2, 3, 7]), torch.tensor([0.5, 1.0, 2.0, 0.25], dtype=torch.float64)
+    fused = hard_label_ce if objective == "hard" else forward_kl
+    per_row, logp = fused(logits, labels, lambda: target_logp)
+    (w * per_row[rows]).sum().backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    ref_logp = torch.log_softmax(logits, dim=-1)
+    ref = (-ref_logp.gather(1, labels[:, None])[:, 0] if objective == "hard"
+           else (target_logp.exp() * (target_logp - ref_logp)).sum(-1))
+    (w * ref[rows]).sum().backward()
+    torch.testing.assert_close(per_row.detach(), ref.detach())
+    torch.testing.assert_close(logp, ref_logp.detach())
+    assert not logp.requires_grad
+    torch.testing.assert_close(got, logits.grad)
+    assert got[[1, 4, 5, 6, 8]].abs().max() == 0  # rows left out get no gradient
+    assert torch.autograd.gradcheck(lambda x: fused(x, labels, lambda: target_logp)[0], (logits.detach().requires_grad_(),))
 
 
 def test_training_takes_every_valid_anchor_up_to_the_cap(target):

@@ -189,16 +189,53 @@ def shuffled_roots(batch: Batch, roots: Tensor, ok: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- objectives
 
 
-def hard_label_ce(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
-    """DFlash: cross-entropy on the true next tokens (per row; labels are draft ids)."""
-    return -logp.gather(1, labels[:, None])[:, 0]
+class _RowCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy of softmax(``logits``) [n, V] against one-hot ``labels`` [n] or against a
+    distribution ``probs`` [n, V] (plus ``plogp`` [n] = sum p log p, which makes it KL(p || softmax)),
+    returned with the log-probs (no gradient; the metrics read them). The values and the gradient are
+    those of the autograd chain log_softmax -> gather (or product and sum) -> row selection, whose
+    backward fills and writes several [n, V] buffers (gather's and the row index's zeros, log_softmax's
+    own); this one writes one, softmax - target, scaled by each row's incoming gradient (0 for rows the
+    caller leaves out). At the full vocabulary those buffers were a third of a training step."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor | None, probs: Tensor | None, plogp: Tensor | None):
+        logp = torch.log_softmax(logits, dim=-1)
+        if probs is None:
+            loss = -logp.gather(1, labels[:, None])[:, 0]
+        else:
+            loss = plogp - (probs * logp).sum(-1)
+        ctx.hard = probs is None
+        ctx.save_for_backward(logp, labels if probs is None else probs)
+        ctx.mark_non_differentiable(logp)
+        return loss, logp
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_logp):
+        logp, target = ctx.saved_tensors
+        g = logp.exp()
+        if ctx.hard:
+            g[torch.arange(g.shape[0], device=g.device), target] -= 1.0
+        else:
+            g -= target
+        g *= grad_loss[:, None]
+        return g, None, None, None
 
 
-def forward_kl(logp: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> Tensor:
-    """JetSpec: KL(target || drafter) to the target's own distribution (per row; over the draft vocabulary)."""
+def hard_label_ce(logits: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+    """DFlash: cross-entropy on the true next tokens (per row; labels are draft ids). Returns the
+    per-row losses and the rows' log-probs."""
+    return _RowCrossEntropy.apply(logits, labels, None, None)
+
+
+def forward_kl(logits: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+    """JetSpec: KL(target || drafter) to the target's own distribution (per row; over the draft
+    vocabulary). Returns the per-row losses and the rows' log-probs."""
     with torch.no_grad():
         tl = target_logp()
-    return (tl.exp() * (tl - logp)).sum(-1)
+        p = tl.exp()
+        plogp = (p * tl).sum(-1)
+    return _RowCrossEntropy.apply(logits, None, p, plogp)
 
 
 class BlockTraining(Trainable):
@@ -207,7 +244,7 @@ class BlockTraining(Trainable):
     Recipe = BlockRecipe
     test_recipe = ("block_size=8",)
     backbone: Backbone = BIDIRECTIONAL
-    objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], Tensor] = staticmethod(hard_label_ce)
+    objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], tuple[Tensor, Tensor]] = staticmethod(hard_label_ce)
     soft_labels = False  # True: the objective learns the target's distribution (rows scored by its top-1)
     layout = "dflash"  # released checkpoint layout (checkpoint.LAYOUTS)
 
@@ -365,7 +402,11 @@ class BlockTraining(Trainable):
                 prev = torch.where(ki == 0, roots[si, ag], batch.tokens[si, (anchors[si, ag] + ki).clamp(max=t - 1)])
                 with self.amp(device):
                     logits = self.head(h_use[si, ai, ki + 1], prev)
-                logp = torch.log_softmax(logits.float(), dim=-1)  # [n, Vd]
+                # every row's loss and log-probs [n, Vd] in one op; a row the head cannot learn (its
+                # label outside a reduced vocabulary: draft id -1, scored as id 0) stays out of the loss
+                at = pos_c[si, ag, ki]
+                per_row_all, logp = self.objective(logits.float(), draft_labels[si, ag, ki].clamp(min=0),
+                                                   lambda: self.target_logp(batch.hidden[si, at - 1, final_idx]))
                 pred = model.to_target_ids(logp.argmax(-1))
                 preds.append(pred)
                 hit = pred == target_top[si, ag, ki]
@@ -373,9 +414,7 @@ class BlockTraining(Trainable):
                 per_k("acc", ki, hit.float())
                 lrow = learn[si, ag, ki].nonzero()[:, 0]
                 if lrow.numel():
-                    at = pos_c[si[lrow], ag[lrow], ki[lrow]]
-                    per_row = self.objective(logp[lrow], draft_labels[si[lrow], ag[lrow], ki[lrow]],
-                                             lambda: self.target_logp(batch.hidden[si[lrow], at - 1, final_idx]))
+                    per_row = per_row_all[lrow]
                     part = (w[ki[lrow]] * per_row).sum() / wsum
                     per_k("loss", ki[lrow], per_row.detach())
                     total_value += float(part.detach())
