@@ -6,6 +6,9 @@ set, the root-sensitivity probe, and the reduced draft vocabulary variant.
 * held-out anchors are every valid anchor, whatever the weights, the family or the recipe's cap;
 * the probe: a head fitted a few hundred Adam steps on a pattern only the root predicts loses its
   depth-1 accuracy when roots are shuffled; a head built never to see its root is flagged;
+* the context alignment: a head fitted on a pattern only context row a-1 (the state just before
+  the root) predicts learns it, one that sees a row too few does not; scripts/block-heldout-probe's
+  context restriction is the model's forward with a narrower mask;
 * the reduced vocabulary: the most frequent training tokens, saved and loaded with d2t/t2d,
   refused without them, drafts inside it and lossless; the full-vocabulary head stays the default.
 """
@@ -280,6 +283,49 @@ def test_root_probe_rule():
     assert root_probe({"acc_0": 0.0, "shuffled_root_acc_0": 0.0})["ignores_root"]
 
 
+def last_row_batch(target, layers, n_seq: int, seed: int) -> Batch:
+    """Triples (k, z, f(k)): k random among 12 ids, z one constant root, f a fixed map; k is no loss
+    token. The only scored rows are depth 1 at anchors z, predicting f(k): only the context row just
+    before the root (the target's state on k) tells it, so a head must attend to that row."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.arange(20, 20 + N_KEYS)
+    values = 100 + torch.randperm(N_KEYS, generator=torch.Generator().manual_seed(0))
+    k = keys[torch.randint(0, N_KEYS, (n_seq, 10), generator=g)]
+    tokens = torch.stack([k, torch.full_like(k, 7), values[k - 20]], dim=-1).flatten(1)  # [S, 30]
+    loss = torch.stack([torch.zeros_like(k), torch.ones_like(k), torch.ones_like(k)], dim=-1).flatten(1).bool()
+    argmax = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    return features_batch(target, tokens, loss, layers, argmax)
+
+
+class StaleContextTraining(DFlashTraining):
+    """A head whose blocks see one context row too few (rows < a-1): the off-by-one the alignment
+    test must catch."""
+
+    def block_hidden(self, kv, anchors, roots):
+        return super().block_hidden(kv, anchors - 1, roots)
+
+
+def test_heads_read_the_context_row_just_before_the_root(target):
+    """The context path and its alignment: a head fitted on fresh batches of a pattern only context
+    row a-1 predicts learns it; the same head seeing rows < a-1 stays near chance (1/12). (Fitted on
+    one fixed batch, both memorise the batch from its whole context instead: fresh data each step.)"""
+    acc = {}
+    for name, cls in (("aligned", DFlashTraining), ("stale", StaleContextTraining)):
+        tr = trainable(target, cls, "block_size=4", "anchor_chunk=256")
+        opt = torch.optim.Adam([p for p in tr.module.parameters() if p.requires_grad], lr=3e-3)
+        tr.module.train()
+        for step in range(200):
+            opt.zero_grad()
+            tr.backward(last_row_batch(target, tr.cache_layers, 16, seed=100 + step), 1.0)
+            opt.step()
+        tr.module.eval()
+        with torch.no_grad():
+            _, metrics = tr.loss(last_row_batch(target, tr.cache_layers, 16, seed=1))
+        acc[name] = metrics["acc_0"][0] / metrics["acc_0"][1]
+    assert acc["aligned"] > 0.5, acc
+    assert acc["stale"] < 0.25, acc
+
+
 # --------------------------------------------------------------------------- the reduced draft vocabulary
 
 
@@ -351,3 +397,38 @@ def test_treeflash_reduced_vocabulary_follows_its_backbone(target, tmp_path):
     out = full.save(tmp_path / "tf", dtype=torch.float32)
     drafter = TreeFlashDrafter(target, parse_config(TreeFlashDrafter.Config, [f"path={out}", "budget=10", "top_m=3", "top_k=3"]))
     assert torch.equal(drafter.model.draft_ids(), full.module.draft_ids())
+
+
+# --------------------------------------------------------------------------- scripts/block-heldout-probe --context
+
+
+def probe_script():
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "block-heldout-probe"
+    loader = importlib.machinery.SourceFileLoader("block_heldout_probe", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_context_probe_wrapper_is_the_model_forward_with_a_narrower_mask(target):
+    script = probe_script()
+    model = random_block_model(target, seed=3, block_size=4).float()
+    batch = random_batch(target, [1, 2], s=2, t=20)
+    kv = model.context_kv(model.context(batch.hidden.flatten(2)))  # [S, T, taps * H]
+    anchors = torch.tensor([[3, 9, 15], [5, 6, 12]])
+    block = torch.randn(2, 3, 4, model.config.hidden_size)
+    with torch.no_grad():
+        own = model.forward_anchors_kv(block, anchors, kv)
+        with script.restricted_context(model, lambda rel: rel >= 1):  # every row before the root
+            same = model.forward_anchors_kv(block, anchors, kv)
+        with script.restricted_context(model, script.CONTEXT_PROBES["drop-last"]):
+            stale = model.forward_anchors_kv(block, anchors, kv)
+        assert "forward_anchors_kv" not in vars(model)  # the wrapper is gone after the block
+        after = model.forward_anchors_kv(block, anchors, kv)
+    torch.testing.assert_close(same, own, atol=1e-4, rtol=1e-4)  # (the model's own keeps fewer context columns)
+    torch.testing.assert_close(after, own)
+    assert (stale - own).abs().max() > 1e-2
