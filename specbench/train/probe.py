@@ -55,7 +55,7 @@ def card_lines(probe: dict) -> list[str]:
         f"| true | {probe['acc_true_roots']:.3f} |",
         f"| shuffled | {probe['acc_shuffled_roots']:.3f} |",
         "",
-        f"Drop {probe['drop']:.3f} ({probe['relative_drop']:.0%} of the true-root accuracy)"
+        f"Drop {probe['drop']:.3f} ({probe['relative_drop']:.1%} of the true-root accuracy)"
         + (f"; {same:.0%} of the depth-1 argmaxes unchanged by the shuffle." if same is not None else "."),
         "",
     ]
