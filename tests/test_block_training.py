@@ -427,7 +427,7 @@ def test_context_probe_wrapper_is_the_model_forward_with_a_narrower_mask(target)
             same = model.forward_anchors_kv(block, anchors, kv)
         with script.restricted_context(model, script.CONTEXT_PROBES["drop-last"]):
             stale = model.forward_anchors_kv(block, anchors, kv)
-        assert "forward_anchors_kv" not in vars(model)  # the wrapper is gone after the block
+        assert "context_visible" not in vars(model)  # the wrapper is gone after the block
         after = model.forward_anchors_kv(block, anchors, kv)
     torch.testing.assert_close(same, own, atol=1e-4, rtol=1e-4)  # (the model's own keeps fewer context columns)
     torch.testing.assert_close(after, own)

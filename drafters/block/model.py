@@ -358,15 +358,18 @@ class BlockModel(nn.Module):
         # no block sees context rows at or after its root: keep the rows before the last root only
         t = max(1, min(kv[0][0].shape[-2], int(anchors.max()) if anchors.numel() else 1))
         kv = [(k[..., :t, :], v[..., :t, :]) for k, v in kv]
-        device = block.device
-        ctx_pos = torch.arange(t, device=device)
-        block_pos = anchors[..., None] + torch.arange(b, device=device)  # [S, A, B]
+        block_pos = anchors[..., None] + torch.arange(b, device=block.device)  # [S, A, B]
         cos_b, sin_b = self.rope(block_pos, block.dtype)  # [S, A, B, hd]
-        visible = (ctx_pos[None, None, :] < anchors[..., None])[:, :, None, None, :]  # [S, A, 1, 1, T]
+        visible = self.context_visible(anchors, t)[:, :, None, None, :]  # [S, A, 1, 1, T]
         h = block
         for layer, (k_ctx, v_ctx) in zip(self.layers, kv):
             h = layer(h, cos_b, sin_b, k_ctx[:, None], v_ctx[:, None], visible, self.config.causal)
         return h
+
+    def context_visible(self, anchors: Tensor, t: int) -> Tensor:
+        """[S, A, T] bool: the context rows 0..t-1 each block of :meth:`forward_anchors_kv` sees, those
+        before its root (scripts/block-heldout-probe narrows it for its context probe)."""
+        return torch.arange(t, device=anchors.device) < anchors[..., None]
 
     # ------------------------------------------------------------ set-up
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> None:
