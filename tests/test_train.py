@@ -250,6 +250,10 @@ def test_training_lowers_loss_and_resume_is_exact(targets, tmp_path):
     fresh = Eagle3Training(target, recipe, ids, masks)  # a new process would start from scratch weights
     rest = train(fresh, data, data, tmp_path / "resumed", "k")
     assert rest.resumed_from == 3 and rest.steps == whole.steps
+    # training time adds up over the calls: the first call's checkpointed steps count in the second's total
+    assert part.seconds_all_calls == pytest.approx(part.seconds, rel=0.05, abs=0.05)
+    assert rest.seconds_all_calls > rest.seconds
+    assert rest.seconds_all_calls == pytest.approx(part.seconds_all_calls + rest.seconds, rel=0.05, abs=0.05)
     for (k, v), (k2, v2) in zip(training.module.state_dict().items(), fresh.module.state_dict().items()):
         assert k == k2 and torch.equal(v, v2), k
     # another recipe in the same directory is refused

@@ -286,7 +286,7 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
         "command": portable_command(command),
         "seconds": {"all_calls": previous_seconds + time.perf_counter() - wall_start,
                     "total_this_call": time.perf_counter() - wall_start, "features_this_call": feature_seconds,
-                    "train_this_call": result.seconds,
+                    "train_this_call": result.seconds, "train_all_calls": result.seconds_all_calls,
                     "regenerate_this_call": regen_stats.get("train", {}).get("seconds", 0.0)
                     + regen_stats.get("heldout", {}).get("seconds", 0.0)},
         "resumed_from_step": result.resumed_from,
@@ -383,8 +383,12 @@ def training_card(summary: dict) -> str:
         "",
         "## Cost",
         "",
-        f"- Wall time: {secs['all_calls'] / 60:.1f} min over all calls (last call: features {secs['features_this_call']:.0f} s, "
-        f"training {secs['train_this_call']:.0f} s, regeneration {secs['regenerate_this_call']:.0f} s).",
+        f"- Wall time: {secs['all_calls'] / 60:.1f} min over the calls that ran to their end (last call: features "
+        f"{secs['features_this_call']:.0f} s, training {secs['train_this_call']:.0f} s, regeneration "
+        f"{secs['regenerate_this_call']:.0f} s)." + (
+            f" Training alone took {secs['train_all_calls'] / 60:.1f} min over all calls, interrupted ones included "
+            "(each checkpoint records it; steps an interruption threw away are not counted)."
+            if "train_all_calls" in secs else ""),
         f"- Hardware: {hw.get('device_name')} / {hw.get('cpu_model')}, {hw.get('threads')} threads, {hw.get('dtype')}, "
         f"torch {hw.get('torch_version')}, transformers {hw.get('transformers_version')}, specbench {hw.get('specbench_sha')}.",
         f"- Optimizer steps: {summary['steps']}; tokens through the model: {summary['tokens_seen']:,}.",

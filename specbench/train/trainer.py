@@ -161,6 +161,10 @@ class TrainResult:
     train_tokens_seen: int  # valid tokens passed through the model over all steps (all epochs)
     heldout: dict[str, float]  # the final held-out metrics
     resumed_from: int  # the step a previous run had reached (0 = fresh)
+    # Training wall time of the steps that make up the result, summed over every call, interrupted
+    # ones included (each checkpoint records it): work an interruption threw away (steps after the
+    # last checkpoint, redone by the next call) is not counted.
+    seconds_all_calls: float = 0.0
 
 
 def plan_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
@@ -340,6 +344,7 @@ def train(
     key = _config_key(trainable, data_key, n_shards)
     step = 0
     tokens_seen = 0
+    seconds_before = 0.0  # training time of the steps a resumed state holds
     state_path = out_dir / STATE_FILE
     if state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=False)
@@ -350,6 +355,7 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        seconds_before = float(state.get("seconds", 0.0))  # absent in states written before it was recorded
     resumed_from = step
     if world is not None:  # every rank starts from rank 0's weights (the same seed makes them equal anyway)
         import torch.distributed as dist
@@ -362,7 +368,8 @@ def train(
             return
         tmp = state_path.with_suffix(".tmp")
         torch.save({"key": key, "module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen}, tmp)
+                    "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen,
+                    "seconds": seconds_before + time.perf_counter() - start}, tmp)
         tmp.replace(state_path)
 
     log = (out_dir / LOG_FILE).open("a", encoding="utf-8") if lead else None
@@ -422,7 +429,9 @@ def train(
             save_state()  # interrupted between checkpoints: keep what was done
     if not heldout_metrics:
         heldout_metrics = evaluate(trainable, heldout, device, world)
-    return TrainResult(step, total_steps, time.perf_counter() - start, tokens_seen, heldout_metrics, resumed_from)
+    seconds = time.perf_counter() - start
+    return TrainResult(step, total_steps, seconds, tokens_seen, heldout_metrics, resumed_from,
+                       seconds_all_calls=seconds_before + seconds)
 
 
 __all__ = ["TrainRecipe", "Batch", "Trainable", "TokenizedSet", "StepReport", "TrainResult", "plan_batches",
