@@ -386,11 +386,12 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and their state; run nothing"),
     executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the file's, else local)"),
     address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start a local one)"),
+    only: List[str] = typer.Option([], "--only", help="run only the cells whose name matches this glob (repeatable; names: --dry-run)"),
 ) -> None:
     """Run a grid of `run`s from a sweep file: finished cells skipped, interrupted ones resumed."""
     from specbench import sweep as sweeps
 
-    plan = sweeps.load_sweep(file, executor)
+    plan = sweeps.select(sweeps.load_sweep(file, executor), only)
     if dry_run:
         rows = sweeps.describe(plan)
         table = Table(title=f"{plan.name}: {len(rows)} cells → {plan.results_dir} (executor {plan.executor})")

@@ -41,6 +41,7 @@ or on an existing one (``address``); every node must see ``results_dir`` at the 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import itertools
 import re
 import time
@@ -310,6 +311,20 @@ def load_sweep(path: Path | str, executor: str | None = None) -> Sweep:
             raise UserError(_where(path, f"cell {cell.name}: {exc}")) from None
     name = _scalar(data, "name", str, path.stem, path, "the top level")
     return Sweep(path, name, results_dir, executor, tuple(cells))
+
+
+def select(sweep: Sweep, patterns: list[str]) -> Sweep:
+    """The sweep narrowed to the cells whose name (the file stem) matches any of ``patterns`` (shell
+    globs); every pattern must match a cell. No patterns: the sweep unchanged."""
+    if not patterns:
+        return sweep
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(c.name, pattern) for c in sweep.cells):
+            names = ", ".join(c.name for c in sweep.cells[:6]) + (", ..." if len(sweep.cells) > 6 else "")
+            raise UserError(f"--only '{pattern}' matches no cell of {sweep.path} (cells: {names}); "
+                            "see `specbench sweep --dry-run` for the names")
+    cells = tuple(c for c in sweep.cells if any(fnmatch.fnmatchcase(c.name, p) for p in patterns))
+    return dataclasses.replace(sweep, cells=cells)
 
 
 def _resources(table: Any, default: Resources, path: Path, where: str) -> Resources:

@@ -83,6 +83,15 @@ def test_grid_expands_in_baseline_groups(tmp_path, prompts):
     rows = sweep.describe(plan)
     assert [r["state"] for r in rows] == ["new"] * len(rows)
     assert rows[1]["baseline"] == "AR of #1" and rows[0]["baseline"] == "runs AR"
+    # --only narrows the grid by cell name; a pattern that matches nothing is an error naming the fix
+    only = sweep.select(plan, ["tiny-qwen3_two_*_T0_s0", "*_humaneval_ng3_T0.5_s0"])
+    want = {c.name for c in qwen_two} | {"tiny-llama_humaneval_ng3_T0.5_s0", "tiny-qwen3_humaneval_ng3_T0.5_s0"}
+    assert [c.name for c in only.cells] == [c.name for c in plan.cells if c.name in want] and len(want) == 5
+    assert sweep.select(plan, []) is plan
+    from specbench.errors import UserError
+
+    with pytest.raises(UserError, match="--only 'ng9' matches no cell.*--dry-run"):
+        sweep.select(plan, ["ng9"])
 
 
 @pytest.mark.parametrize("body, words", [
