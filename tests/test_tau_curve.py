@@ -71,6 +71,27 @@ def test_results_from_elsewhere_match_by_weight_hash(synthetic):
     assert len(points) == 9 and left_out == 3
 
 
+def test_a_kept_card_without_weights_matches_by_its_recorded_hash(synthetic, tmp_path):
+    """A curve point whose weights are gone (a fresh machine) still joins its card: the hash its
+    training recorded in training.json (``checkpoint_sha256``) stands for the weights."""
+    ck, rows = synthetic
+    kept = tmp_path / "kept"
+    for folder in sorted(ck.iterdir()):
+        summary = json.loads((folder / "training.json").read_text())
+        (kept / folder.name).mkdir(parents=True)
+        (kept / folder.name / "training.json").write_text(
+            json.dumps({**summary, "checkpoint_sha256": checkpoint_hash(folder)}))
+    moved = [dict(r, checkpoint_path="heads/" + Path(r["checkpoint_path"]).name) for r in rows]
+    points, left_out = curve_points(pd.DataFrame(moved), sorted(kept.iterdir()))
+    assert len(points) == 9 and left_out == 3
+    assert sorted(points["tokens"].unique()) == [5_000, 50_000, 200_000]
+    # a card that recorded another hash matches nothing
+    for folder in kept.iterdir():
+        summary = json.loads((folder / "training.json").read_text())
+        (folder / "training.json").write_text(json.dumps({**summary, "checkpoint_sha256": "0" * 64}))
+    assert curve_points(pd.DataFrame(moved), sorted(kept.iterdir()))[0].empty
+
+
 def test_figure_and_script(synthetic, tmp_path, capsys):
     ck, rows = synthetic
     rows += [dict(r, task="math500", prompt_id=r["prompt_id"] + "-m") for r in rows]

@@ -343,6 +343,13 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     assert all(v.startswith("$SPECBENCH_CACHE/features/") for v in summary["feature_cache"].values())
     head = load_eagle3(out, targets["tiny-llama"])
     assert next(head.parameters()).dtype == torch.float32  # saved in fp16, loaded in the target's dtype
+    # the card names its weights by the sha256 a benchmark row records for them
+    from specbench.drafter import drafter_class, parse_config
+
+    cls = drafter_class("eagle3")
+    drafter = cls(targets["tiny-llama"], parse_config(cls.Config, [f"path={out}"]))
+    assert summary["checkpoint_sha256"] == drafter.checkpoint.sha256
+    assert summary["seconds"]["train_all_calls"] > 0 and "Training alone took" in card
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:

@@ -6,7 +6,8 @@ names the checkpoint it ran, ``checkpoint_path`` and ``checkpoint_hash``) and th
 tokens are its ``train_loss_tokens`` (the assistant tokens it trained on; ``job.budget_tokens``
 when absent). A result row's checkpoint is found by its path, else by the sha256 of the weight
 files among the checkpoint folders passed in (``checkpoints``), so results measured elsewhere
-still match a local copy. Rows whose checkpoint has no ``training.json`` (random weights, a
+still match a local copy; a folder that keeps only the card (``training.json`` without weights, as
+``reports/data/tau-curve/heads``) matches by the ``checkpoint_sha256`` its training recorded. Rows whose checkpoint has no ``training.json`` (random weights, a
 released head) are left out and counted.
 
 One point = one (drafter configuration, task, checkpoint): tau micro (``report.tau_micro``) of its
@@ -67,7 +68,8 @@ def curve_points(df: pd.DataFrame, checkpoints: Iterable[Path] = ()) -> tuple[pd
     by_hash: dict[str, Path] = {}
     for folder in map(Path, checkpoints):
         if (folder / "training.json").is_file():
-            digest = checkpoint_hash(folder)
+            # a folder with weights: their hash; a kept card without them: the hash its training recorded
+            digest = checkpoint_hash(folder) or (_training(folder) or {}).get("checkpoint_sha256")
             if digest:
                 by_hash[digest] = folder
     points = []

@@ -271,11 +271,16 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
                    on_step=lambda r: report(Progress("train", r.step, r.total_steps, {"report": r})),
                    stop_after=stop_after, world=world)
     done = result.steps >= result.total_steps
+    weights_sha256 = None
     if done and lead:
+        from specbench.train.curve import checkpoint_hash
+
         trainable.save(job.out)
+        weights_sha256 = checkpoint_hash(job.out)  # what a benchmark row records as its checkpoint_hash
     summary = {
         "job": _job_dict(job, recipe),
         "finished": done,
+        "checkpoint_sha256": weights_sha256,  # names the weights even where only this card is kept
         "steps": result.steps,
         "train_conversations": len(train_ids),
         "train_loss_tokens": int(sum(map(sum, train_mask))),
