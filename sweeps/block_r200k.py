@@ -1,6 +1,6 @@
 """The block claims table of issue 10 with the 200k-token heads: `python sweeps/block_r200k.py`.
 
-Reads ``results/block-r200k/`` (``specbench sweep sweeps/block_r200k.toml``: every cell of a task
+Reads ``reports/data/block-r200k/`` (``specbench sweep sweeps/block_r200k.toml``: every cell of a task
 paired with one AR baseline measured in the same run) and writes ``reports/block_r200k.md`` and
 ``reports/figures/block-r200k-budget.png`` (tau and decode speedup against the node budget, one
 panel per task). Cells that have not run yet show as "-", and a claim with a missing cell says so
@@ -98,7 +98,7 @@ def main() -> None:
     plan = sweep.load_sweep(SWEEP)
     tasks, s = summaries(plan)
     lines = ["# Block drafters retrained at 200k tokens on smollm2-135m (CPU, greedy)", "",
-             "Written by `python sweeps/block_r200k.py` from `results/block-r200k/` (`specbench sweep sweeps/block_r200k.toml`). "
+             "Written by `python sweeps/block_r200k.py` from `reports/data/block-r200k/` (`specbench sweep sweeps/block_r200k.toml`). "
              "Heads: `drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
              "assistant tokens; their TRAINING.md cards), EAGLE-3's 200k head for reference. At most 128 new tokens; budgets count "
              "the root; each decode speedup is against its task's AR baseline from the same run.", "",
