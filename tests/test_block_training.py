@@ -157,7 +157,8 @@ def test_fused_objectives_equal_the_autograd_chain(objective):
     target_logp = torch.log_softmax(torch.randn(9, 50, generator=g, dtype=torch.float64), dim=-1)
     rows, w = torch.tensor([0, 2, 3, 7]), torch.tensor([0.5, 1.0, 2.0, 0.25], dtype=torch.float64)
     fused = hard_label_ce if objective == "hard" else forward_kl
-    per_row, logp = fused(logits, labels, lambda: target_logp)
+    soft = lambda: (target_logp.exp(), (target_logp.exp() * target_logp).sum(-1))  # noqa: E731
+    per_row, logp = fused(logits, labels, soft)
     (w * per_row[rows]).sum().backward()
     got = logits.grad.clone()
     logits.grad = None
@@ -170,7 +171,31 @@ def test_fused_objectives_equal_the_autograd_chain(objective):
     assert not logp.requires_grad
     torch.testing.assert_close(got, logits.grad)
     assert got[[1, 4, 5, 6, 8]].abs().max() == 0  # rows left out get no gradient
-    assert torch.autograd.gradcheck(lambda x: fused(x, labels, lambda: target_logp)[0], (logits.detach().requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda x: fused(x, labels, soft)[0], (logits.detach().requires_grad_(),))
+
+
+@pytest.mark.parametrize("options", [(), ("draft_vocab_size=40",), ("logit_chunk=7",)])
+def test_jetspec_soft_labels_are_the_targets_distribution_at_each_row(target, options):
+    """The per-batch table of JetSpec's soft labels gives, for every scored row (sequence s, block row
+    k of anchor a), the target's own distribution after position a+k-1 (its lm_head on the cached
+    final state, over the head's vocabulary) and sum p log p: what computing it row by row gives."""
+    tr = trainable(target, JetSpecTraining, *options)
+    batch = random_batch(target, tr.cache_layers)
+    s, t = batch.tokens.shape
+    anchors, ok = select_anchors(batch)
+    pos = anchors[..., None] + torch.arange(1, 6)
+    pos_c = pos.clamp(max=t - 1)
+    scored = ok[..., None] & (pos < t) & batch.loss_mask.gather(1, pos_c.flatten(1)).view_as(pos)
+    lookup = tr.target_rows(batch, pos_c, scored)
+    si, ai, ki = scored.nonzero(as_tuple=True)
+    at = pos_c[si, ai, ki] - 1
+    assert bool((ki > 0).any()) and at.unique().numel() < at.numel()  # positions shared by several anchors
+    p, plogp = lookup(si, at)
+    final = batch.hidden[si, at, tr.cache_layers.index(tr.final_layer)]
+    logp = torch.log_softmax(final @ tr.head_weight.T, dim=-1)
+    assert p.shape == (si.numel(), 40 if options == ("draft_vocab_size=40",) else target.vocab_size)
+    torch.testing.assert_close(p, logp.exp())
+    torch.testing.assert_close(plogp, (logp.exp() * logp).sum(-1))
 
 
 def test_training_takes_every_valid_anchor_up_to_the_cap(target):

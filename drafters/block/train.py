@@ -222,19 +222,19 @@ class _RowCrossEntropy(torch.autograd.Function):
         return g, None, None, None
 
 
-def hard_label_ce(logits: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+TargetRows = Callable[[], tuple[Tensor, Tensor]]  # the rows' target distribution p [n, Vd] and sum p log p [n]
+
+
+def hard_label_ce(logits: Tensor, labels: Tensor, target: TargetRows) -> tuple[Tensor, Tensor]:
     """DFlash: cross-entropy on the true next tokens (per row; labels are draft ids). Returns the
     per-row losses and the rows' log-probs."""
     return _RowCrossEntropy.apply(logits, labels, None, None)
 
 
-def forward_kl(logits: Tensor, labels: Tensor, target_logp: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+def forward_kl(logits: Tensor, labels: Tensor, target: TargetRows) -> tuple[Tensor, Tensor]:
     """JetSpec: KL(target || drafter) to the target's own distribution (per row; over the draft
     vocabulary). Returns the per-row losses and the rows' log-probs."""
-    with torch.no_grad():
-        tl = target_logp()
-        p = tl.exp()
-        plogp = (p * tl).sum(-1)
+    p, plogp = target()
     return _RowCrossEntropy.apply(logits, None, p, plogp)
 
 
@@ -244,7 +244,7 @@ class BlockTraining(Trainable):
     Recipe = BlockRecipe
     test_recipe = ("block_size=8",)
     backbone: Backbone = BIDIRECTIONAL
-    objective: Callable[[Tensor, Tensor, Callable[[], Tensor]], tuple[Tensor, Tensor]] = staticmethod(hard_label_ce)
+    objective: Callable[[Tensor, Tensor, TargetRows], tuple[Tensor, Tensor]] = staticmethod(hard_label_ce)
     soft_labels = False  # True: the objective learns the target's distribution (rows scored by its top-1)
     layout = "dflash"  # released checkpoint layout (checkpoint.LAYOUTS)
 
@@ -316,6 +316,35 @@ class BlockTraining(Trainable):
         w = self.head_weight
         return torch.log_softmax((final_states.to(w.dtype) @ w.T).float(), dim=-1)
 
+    def target_rows(self, batch: Batch, pos_c: Tensor, scored: Tensor) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """JetSpec's soft labels, computed once per batch: the target's distribution p [Vd] and
+        sum p log p at every position a scored row conditions on (row k of anchor a conditions on
+        position a+k-1, so one position serves up to B-1 anchors' blocks: per row, the lm_head matmul
+        and the softmax ran B-1 times over, a third of a JetSpec step). Returns a lookup
+        (sequence indices, positions) -> (p [n, Vd], sum p log p [n])."""
+        s, t = batch.tokens.shape
+        device = batch.tokens.device
+        seq = torch.arange(s, device=device)[:, None, None].expand_as(pos_c)
+        need = torch.zeros(s * t, dtype=torch.bool, device=device)
+        need[(seq * t + pos_c - 1)[scored]] = True
+        where = need.nonzero()[:, 0]
+        slot = torch.full((s * t,), -1, dtype=torch.long, device=device)
+        slot[where] = torch.arange(where.numel(), device=device)
+        states = batch.hidden[:, :, self.cache_layers.index(self.final_layer)].reshape(s * t, -1)
+        p = torch.empty(where.numel(), self.head_weight.shape[0], device=device)
+        plogp = torch.empty(where.numel(), device=device)
+        with torch.no_grad():
+            for r0 in range(0, where.numel(), self.recipe.logit_chunk):
+                part = slice(r0, r0 + self.recipe.logit_chunk)
+                tl = self.target_logp(states[where[part]])
+                p[part] = tl.exp()
+                plogp[part] = (p[part] * tl).sum(-1)
+
+        def lookup(si: Tensor, at: Tensor) -> tuple[Tensor, Tensor]:
+            i = slot[si * t + at]
+            return p[i], plogp[i]
+        return lookup
+
     # ------------------------------------------------------------ the loss
     def loss(self, batch: Batch) -> tuple[Tensor, dict[str, tuple[float, float]]]:
         return self._blocks(batch, None)
@@ -360,7 +389,6 @@ class BlockTraining(Trainable):
             learn = scored & (self.draft_index[learn_ids] >= 0)
         w = self.weights.to(device)
         wsum = (w * learn).sum().clamp(min=1e-9)
-        final_idx = self.cache_layers.index(self.final_layer)
 
         grad = torch.is_grad_enabled()
         backbone_grad = grad and not self.frozen_backbone
@@ -372,6 +400,7 @@ class BlockTraining(Trainable):
         if stepwise and backbone_grad:  # chunks backpropagate into these leaves; then one pass into fc
             kv_in = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in kv]
         probe_roots = shuffled_roots(batch, roots, ok) if evaluating else None
+        soft = self.target_rows(batch, pos_c, scored) if self.soft_labels else None
 
         sums: dict[str, list[Tensor]] = {}
 
@@ -406,7 +435,7 @@ class BlockTraining(Trainable):
                 # label outside a reduced vocabulary: draft id -1, scored as id 0) stays out of the loss
                 at = pos_c[si, ag, ki]
                 per_row_all, logp = self.objective(logits.float(), draft_labels[si, ag, ki].clamp(min=0),
-                                                   lambda: self.target_logp(batch.hidden[si, at - 1, final_idx]))
+                                                   lambda: soft(si, at - 1))
                 pred = model.to_target_ids(logp.argmax(-1))
                 preds.append(pred)
                 hit = pred == target_top[si, ag, ki]
