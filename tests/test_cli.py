@@ -16,7 +16,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from specbench import cli

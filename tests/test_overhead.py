@@ -4,7 +4,6 @@ depth logged per step, and `specbench hardware overhead` (tiny targets)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 

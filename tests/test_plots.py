@@ -13,7 +13,7 @@ from specbench import plots, report
 from specbench.cli import app
 from specbench.errors import UserError
 from rowfactory import synthetic_row
-from specbench.results import SCHEMA_VERSION, RunWriter, read_results
+from specbench.results import RunWriter, read_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KINDS = ("acceptance", "accepted_hist", "speedup", "time_breakdown")

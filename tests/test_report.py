@@ -42,7 +42,7 @@ from specbench.report import (
     tau_micro,
     tokens_per_s,
 )
-from specbench.results import SCHEMA_VERSION, RunWriter
+from specbench.results import RunWriter
 
 
 def make_row(prompt_id: str = "p0", turn: int = 1, **overrides) -> dict:

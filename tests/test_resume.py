@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from specbench import cli, runner
