@@ -320,7 +320,7 @@ class BlockTraining(Trainable):
         """JetSpec's soft labels, computed once per batch: the target's distribution p [Vd] and
         sum p log p at every position a scored row conditions on (row k of anchor a conditions on
         position a+k-1, so one position serves up to B-1 anchors' blocks: per row, the lm_head matmul
-        and the softmax ran B-1 times over, a third of a JetSpec step). Returns a lookup
+        and the softmax ran B-1 times over; computing them once took a JetSpec bf16 step to 0.75x, README). Returns a lookup
         (sequence indices, positions) -> (p [n, Vd], sum p log p [n])."""
         s, t = batch.tokens.shape
         device = batch.tokens.device
