@@ -360,6 +360,10 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     assert res.exit_code == 0, res.output
     again = json.loads((out / "training.json").read_text())
     assert again["resumed_from_step"] == summary["steps"] == again["steps"]
+    # so does a rerun that only checkpoints more often (bookkeeping, not what is trained)
+    res = cli(*TINY_CLI, "--set", "save_every=3", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "training.json").read_text())["resumed_from_step"] == summary["steps"]
     # other settings in the same directory: one line, exit 2
     res = cli(*[a if a != "1200" else "1500" for a in TINY_CLI], "--out", str(out))
     assert res.exit_code == 2 and "other settings (budget_tokens)" in res.output and "Traceback" not in res.output
@@ -449,3 +453,17 @@ def test_shipped_cards_hold_no_local_paths():
     local = re.compile(r"(?<![\w$.])/(?:work|root|home|tmp|Users|mnt|data)/")
     for f in files:
         assert not local.search(f.read_text()), f"{f} names a local path"
+
+
+def test_resume_key_ignores_only_bookkeeping():
+    from specbench.train.trainer import _config_key, _same_run
+
+    class Fake:  # the key reads only the recipe and the family's class name
+        def __init__(self, recipe):
+            self.recipe = recipe
+
+    base = _config_key(Fake(Eagle3Recipe(**TINY_RECIPE)), "k", 1)
+    checkpointed_often = _config_key(Fake(Eagle3Recipe(**{**TINY_RECIPE, "save_every": 7})), "k", 1)
+    assert base != checkpointed_often and _same_run(base, checkpointed_often)
+    assert not _same_run(base, _config_key(Fake(Eagle3Recipe(**{**TINY_RECIPE, "lr": 1e-3})), "k", 1))
+    assert not _same_run(base, _config_key(Fake(Eagle3Recipe(**TINY_RECIPE)), "other data", 1))

@@ -111,12 +111,21 @@ def validate(job: TrainJob) -> tuple[type, Any]:
             before = json.loads(previous.read_text())["job"]
         except (json.JSONDecodeError, KeyError):
             raise UserError(f"--out '{job.out}' holds an unreadable {JOB_FILE}; choose another --out") from None
-        now = _job_dict(job, recipe)
+        before, now = _resumable(before), _resumable(_job_dict(job, recipe))
         if before != now:
             changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             raise UserError(f"--out '{job.out}' holds a training run with other settings ({', '.join(changed)}); "
                             "rerun with the same settings to resume, or choose a new --out")
     return training, recipe
+
+
+def _resumable(job: dict) -> dict:
+    """A job as compared for resuming: bookkeeping (how often state is saved) may change between calls."""
+    from specbench.train.trainer import BOOKKEEPING
+
+    job = {**job, "recipe": {k: v for k, v in job.get("recipe", {}).items() if k not in BOOKKEEPING}}
+    job["options"] = [o for o in job.get("options", []) if o.split("=", 1)[0].strip() not in BOOKKEEPING]
+    return job
 
 
 def _job_dict(job: TrainJob, recipe: Any) -> dict:

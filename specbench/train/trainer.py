@@ -300,6 +300,20 @@ def recipe_key(recipe: TrainRecipe) -> dict:
     return d
 
 
+BOOKKEEPING = ("save_every",)  # recipe fields that change when state is written, never what is trained
+
+
+def _same_run(stored: str, key: str) -> bool:
+    """Whether a stored resume key names the same training as ``key``, bookkeeping fields aside (a run
+    checkpointed every 50 steps may be resumed checkpointing every 20)."""
+    def strip(k: str) -> dict:
+        d = json.loads(k)
+        for name in BOOKKEEPING:
+            d.get("recipe", {}).pop(name, None)
+        return d
+    return strip(stored) == strip(key)
+
+
 def _config_key(trainable: Trainable, data_key: str, n_shards: int) -> str:
     recipe = recipe_key(dataclasses.replace(trainable.recipe, shards=n_shards))
     return json.dumps({"recipe": recipe, "data": data_key, "family": type(trainable).__name__}, sort_keys=True, default=str)
@@ -348,7 +362,7 @@ def train(
     state_path = out_dir / STATE_FILE
     if state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=False)
-        if state["key"] != key:
+        if not _same_run(state["key"], key):
             raise UserError(f"{state_path} was made with another recipe or data; rerun with the same settings "
                             "or choose a new --out")
         module.load_state_dict(state["module"])
