@@ -35,7 +35,8 @@ import torch
 from specbench.decode import Generation, generate
 from specbench.drafter import Sampling, config_json, drafter_class, parse_config
 from specbench.errors import UserError
-from specbench.results import env_fingerprint
+from specbench.report import cpu_shared
+from specbench.results import env_fingerprint, load_average
 from specbench.targets import load_target
 from specbench.tasks import load_task, render_chat, select
 
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    load_before = _load()
+    load_before = load_average()
     target = load_target(args.target)
     model, tok = target.model, target.tokenizer
     stop = set(target.stop_token_ids)
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
             tot[method]["same_as_ar"] += same_ar
             row[f"{method}_same_as_ar"] = same_ar
             row[f"hf_{method}_same_as_hf_greedy"] = same_hf
-        row["load_1min"] = _load()
+        row["load_1min"] = load_average()
         per_prompt.append(row)
         print(f"{p.id}: " + ", ".join(f"{m} {row[f'{m}_tok'] / row[f'{m}_s']:.1f} vs {row[f'hf_{m}_tok'] / row[f'hf_{m}_s']:.1f} tok/s"
                                       for m in pairs), flush=True)
@@ -233,14 +234,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
     return report
 
 
-def _load() -> float | None:
-    """The 1-minute load average, or None where the platform has none."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
 def load_note(before: float | None, during: list[float | None], threads: int) -> str:
     """One sentence on how busy the machine was: the 1-minute load average before the run and its
     peak after the prompts, against the threads this process runs (its own share of the load).
@@ -250,13 +243,15 @@ def load_note(before: float | None, during: list[float | None], threads: int) ->
     seen = [x for x in during if x is not None]
     if before is None or not seen:
         return ("The load average is not available here; the ratios come from one process on the same prompts, "
-                "interleaved, so they hold even when other processes share the CPU.")
+                "interleaved, which cancels a slow drift in load but not another process competing for the cores.")
     peak = max(seen)
-    busy = peak > threads + 0.5
+    if cpu_shared(peak, threads):
+        verdict = ("other processes shared the CPU: tok/s are deflated and the ratios unreliable (interleaving cancels "
+                   "a slow drift in load, not contention); rerun on an idle machine.")
+    else:
+        verdict = "the machine was otherwise idle; the ratios come from one process on the same prompts, interleaved."
     return (f"1-minute load average {before:.2f} before the run, at most {peak:.2f} after a prompt, against this "
-            f"process's {threads} threads: " + ("other processes shared the CPU, so absolute tok/s are deflated by them; "
-            if busy else "the machine was otherwise idle; ")
-            + "the ratios come from one process on the same prompts, interleaved.")
+            f"process's {threads} threads: " + verdict)
 
 
 def _speed(s: dict, key: str) -> str:

@@ -167,6 +167,12 @@ def run(
     for row in rows:
         table.add_row(*row)
     out_console.print(table)
+    if summary.get("cpu_shared"):
+        import torch  # loaded by the run already
+
+        err_console.print(f"[yellow]warning:[/] other processes shared the CPU while this run was timed (1-minute load "
+                          f"average up to {summary['load_max']:.1f} against this process's {torch.get_num_threads()} threads): "
+                          "its tokens/s and speedups are unreliable; rerun on an idle machine")
     out_console.print(f"results: {outcome.out}")
     if outcome.baseline_source:
         where = outcome.baseline_out if outcome.baseline_source == "ran" else outcome.baseline_source

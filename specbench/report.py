@@ -925,20 +925,48 @@ def format_compare(df: pd.DataFrame, fmt: str, width: int = 100, wide: bool = Fa
 # end of a run
 
 
+def cpu_shared(peak_load: float | None, threads: int | None) -> bool | None:
+    """Whether other processes shared the CPU while a run was timed: the highest 1-minute load average
+    sampled after its prompts above the run's own threads (+0.5). None when either is unknown.
+
+    The peak alone decides: the average lags by about a minute, so a process that ended just before
+    the run raises the first samples without competing with it for long. Interleaving a run with its
+    baseline cancels a slow drift in load, not contention: the README's ngram main job measured a
+    1.65x decode speedup on an idle 2-core machine and 0.99x beside a training run (same outputs)."""
+    if peak_load is None or threads is None or peak_load != peak_load:
+        return None
+    return bool(peak_load > threads + 0.5)
+
+
+def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
+    """The highest sampled load and the most threads over the rows of ``frames`` (None if unsampled)."""
+    loads, threads = [], []
+    for f in frames:
+        if f is None or f.empty:
+            continue
+        if "load_1min" in f.columns:
+            loads += [float(x) for x in f["load_1min"] if x is not None and x == x]
+        if "threads" in f.columns:
+            threads += [int(x) for x in f["threads"] if x is not None and x == x]
+    return (max(loads) if loads else None), (max(threads) if threads else None)
+
+
 def run_summary(
     rows_df: pd.DataFrame | list[dict], baseline_df: pd.DataFrame | None
 ) -> dict[str, Any]:
     """The end-of-run numbers of one run; values that cannot be computed are None.
 
     Keys: n_prompts, tau_micro, tau_macro, acceptance_rate, draft_share, tokens_per_s,
-    drafter_forwards_per_step, decode_speedup_sum/mean, e2e_speedup_sum/mean, n_paired, lossless.
+    drafter_forwards_per_step, decode_speedup_sum/mean, e2e_speedup_sum/mean, n_paired, lossless,
+    load_max (the highest 1-minute load average after a prompt, run and baseline) and cpu_shared
+    (:func:`cpu_shared`: other processes competed for the CPU, so the timings are suspect).
     """
     df = rows_df if isinstance(rows_df, pd.DataFrame) else pd.DataFrame(rows_df)
     if df.empty:
         summary: dict[str, Any] = {"n_prompts": 0, "tau_micro": None, "tau_macro": None}
         summary.update(dict.fromkeys(["acceptance_rate", "draft_share", "tokens_per_s"]))
         summary.update(dict.fromkeys(["drafter_forwards_per_step", *_SPEEDUP_KEYS]))
-        summary.update({"n_paired": 0, "lossless": None})
+        summary.update({"n_paired": 0, "lossless": None, "load_max": None, "cpu_shared": None})
         return summary
     pairs = pair_with_baseline(df, baseline_df)
     summary = {
@@ -953,6 +981,8 @@ def run_summary(
         "n_paired": int(len(pairs)),
         "lossless": lossless(pairs),
     }
+    peak, threads = _load_peak(df, baseline_df)
+    summary.update({"load_max": peak, "cpu_shared": cpu_shared(peak, threads)})
     return {k: _plain(v) for k, v in summary.items()}
 
 

@@ -72,6 +72,9 @@ _ROW_SCHEMA: list[tuple[str, pa.DataType]] = [
     ("python_version", pa.string()),
     ("specbench_sha", pa.string()),
     ("schema_version", pa.int64()),
+    # the 1-minute load average just after the row's decode (None where the platform has none): a
+    # load above this process's threads means other processes shared the CPU while it was timed
+    ("load_1min", pa.float64()),
 ]
 
 ROW_COLUMNS: list[str] = [name for name, _ in _ROW_SCHEMA]
@@ -139,6 +142,14 @@ def specbench_sha() -> str:
     return sha.strip() + dirty
 
 
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def env_fingerprint(device: str, dtype: str) -> dict[str, Any]:
     """The environment fields of a result row (device and dtype included, as given)."""
     import torch
@@ -190,7 +201,7 @@ def _rows_to_table(rows: list[dict]) -> pa.Table:
 
 
 # columns added after schema version 1 was first written: older files lack them (read as null)
-OPTIONAL_COLUMNS = ("checkpoint_path",)
+OPTIONAL_COLUMNS = ("checkpoint_path", "load_1min")
 
 
 def _check_columns(table: pa.Table, path: Path, fix: str) -> None:
@@ -354,11 +365,12 @@ class RunWriter:
             return
         prepared = []
         for row in rows:
-            missing = [c for c in ROW_COLUMNS if c not in row and c != "schema_version"]
+            missing = [c for c in ROW_COLUMNS if c not in row and c not in ("schema_version", "load_1min")]
             if missing:
                 raise ValueError(f"result row lacks {', '.join(missing)}")
             row = dict(row)
             row.setdefault("schema_version", SCHEMA_VERSION)
+            row.setdefault("load_1min", None)  # a writer on a platform without a load average
             prepared.append(row)
         batch, size = self._batches, len(prepared)
         payload = b"".join(

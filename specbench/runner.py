@@ -179,6 +179,7 @@ class _Session:
             "draft_s": sum(s.draft_s for s in steps),
             "verify_s": sum(s.verify_s for s in steps),
             "other_s": sum(s.other_s for s in steps),
+            "load_1min": results.load_average(),
             # the drafter's own decision records since the previous row (warm-up's go to the first row)
             **({} if (log := self.drafter.take_log()) is None else {"drafter_log": json.dumps(log, sort_keys=True)}),
         }

@@ -47,6 +47,7 @@ def synthetic_row(prompt_id: str, turn: int, accepted: list[int], **overrides) -
         "python_version": "3.11.7",
         "specbench_sha": "abc1234",
         "schema_version": SCHEMA_VERSION,
+        "load_1min": 0.5,
     }
     row.update(overrides)
     return row

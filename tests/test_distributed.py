@@ -23,8 +23,8 @@ PROMPTS = [
     {"id": "e", "prompt": "abc abc abc"},
 ]
 TIMES = ["prefill_s", "decode_s", "draft_s", "verify_s", "other_s"]
-# not compared: the timings, and the code's git sha (a shared checkout can move between the two runs)
-NOT_COMPARED = [*TIMES, "specbench_sha"]
+# not compared: the timings, the load average sampled after each prompt, and the code's git sha (a shared checkout can move between the two runs)
+NOT_COMPARED = [*TIMES, "specbench_sha", "load_1min"]
 
 
 def args(task_file: Path, out: Path) -> list[str]:
@@ -165,3 +165,17 @@ def test_device_map_on_a_gpu_is_recorded_and_lossless(tmp_path, wide_console):
     assert all(v.startswith("auto: cuda:") for v in mapped["device_map"])
     assert set(pd.read_parquet(tmp_path / "mapped" / "x.ar-baseline.parquet")["device_map"]) == set(mapped["device_map"])
     assert [list(x) for x in mapped["output_ids"]] == [list(x) for x in outs["plain"]["output_ids"]]
+
+
+@pytest.mark.parametrize("load, warned", [(0.4, False), (9.0, True)])
+def test_run_warns_when_other_processes_shared_the_cpu(tmp_path, wide_console, monkeypatch, load, warned):
+    from specbench import results
+
+    monkeypatch.setattr(results, "load_average", lambda: load)
+    task_file = tmp_path / "p.jsonl"
+    task_file.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:2]))
+    out = tmp_path / "r" / "x.parquet"
+    res = CliRunner().invoke(cli.app, args(task_file, out))
+    assert res.exit_code == 0, res.output
+    assert ("other processes shared the CPU" in res.output) is warned, res.output
+    assert set(results.read_results([out])["load_1min"]) == {load}  # every row records its sample

@@ -622,3 +622,17 @@ def test_speedup_sum_is_time_ratio_for_identical_outputs(times):
 
 def test_module_documents_drafted_for_trees():
     assert "tree drafter" in report.acceptance_rate.__doc__
+
+
+def test_cpu_shared_reads_the_peak_load_against_the_runs_threads():
+    from specbench.report import cpu_shared
+
+    assert cpu_shared(2.3, 2) is False and cpu_shared(4.4, 2) is True
+    assert cpu_shared(None, 2) is None and cpu_shared(3.0, None) is None
+    rows = pd.DataFrame({"prompt_id": ["a", "b"], "turn": [0, 0], "n_new_tokens": [4, 4], "n_steps": [2, 2],
+                         "threads": [2, 2], "load_1min": [2.1, 2.2]})
+    base = rows.assign(load_1min=[2.0, 4.6])  # the baseline's prompts ran while something else did
+    from specbench.report import _load_peak
+
+    assert _load_peak(rows, None) == (2.2, 2) and _load_peak(rows, base) == (4.6, 2)
+    assert _load_peak(rows.drop(columns="load_1min"), None) == (None, 2)  # files written before the column
