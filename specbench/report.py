@@ -951,6 +951,23 @@ def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
     return (max(loads) if loads else None), (max(threads) if threads else None)
 
 
+def shared_cpu_note(df: pd.DataFrame) -> str | None:
+    """One sentence naming the runs (``run_id``) of ``df`` timed while other processes shared the CPU
+    (:func:`cpu_shared`), or None when there are none or no row sampled the load."""
+    if df.empty or "load_1min" not in df.columns or "run_id" not in df.columns:
+        return None
+    flagged, n_runs = [], 0
+    for run_id, group in df.groupby("run_id", sort=True, dropna=False):
+        n_runs += 1
+        peak, threads = _load_peak(group)
+        if cpu_shared(peak, threads):
+            flagged.append(f"{group['drafter'].iloc[0]} on {group['task'].iloc[0]} (load {peak:.1f}, {threads} threads)")
+    if not flagged:
+        return None
+    return (f"{len(flagged)} of {n_runs} runs were timed while other processes shared the CPU: {'; '.join(flagged)}. "
+            "Their tokens/s and every speedup that involves them are unreliable; rerun them on an idle machine.")
+
+
 def run_summary(
     rows_df: pd.DataFrame | list[dict], baseline_df: pd.DataFrame | None
 ) -> dict[str, Any]:

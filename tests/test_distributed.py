@@ -179,3 +179,6 @@ def test_run_warns_when_other_processes_shared_the_cpu(tmp_path, wide_console, m
     assert res.exit_code == 0, res.output
     assert ("other processes shared the CPU" in res.output) is warned, res.output
     assert set(results.read_results([out])["load_1min"]) == {load}  # every row records its sample
+    shown = CliRunner().invoke(cli.app, ["compare", str(out.parent / "*.parquet")])
+    assert shown.exit_code == 0, shown.output
+    assert ("runs were timed while other processes shared the CPU" in shown.output) is warned, shown.output

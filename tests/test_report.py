@@ -636,3 +636,14 @@ def test_cpu_shared_reads_the_peak_load_against_the_runs_threads():
 
     assert _load_peak(rows, None) == (2.2, 2) and _load_peak(rows, base) == (4.6, 2)
     assert _load_peak(rows.drop(columns="load_1min"), None) == (None, 2)  # files written before the column
+
+
+def test_shared_cpu_note_names_the_busy_runs():
+    from specbench.report import shared_cpu_note
+
+    idle = [synthetic_row("p", 1, [1, 2], run_id="r1", drafter="ngram", load_1min=2.1, threads=2)]
+    busy = [synthetic_row("p", 1, [0, 0], run_id="r2", drafter="ar", load_1min=4.4, threads=2)]
+    assert shared_cpu_note(pd.DataFrame(idle)) is None
+    note = shared_cpu_note(pd.DataFrame(idle + busy))
+    assert note.startswith("1 of 2 runs") and "ar on " in note and "load 4.4, 2 threads" in note and "ngram" not in note
+    assert shared_cpu_note(pd.DataFrame(idle + busy).drop(columns="load_1min")) is None  # older files
