@@ -448,6 +448,13 @@ def sweep(
     failed = [r for r in results if r.status == "failed"]
     out_console.print(f"{plan.name}: {counts['done']} cells run, {counts['skipped']} already finished, "
                       f"{len(failed)} failed, of {len(plan.cells)} → {plan.results_dir}")
+    ran = [p for r in results if r.status == "done"
+           for p in (r.cell.out, r.cell.out.with_suffix(".ar-baseline.parquet")) if p.exists()]
+    if ran:
+        from specbench import report, results as result_files
+
+        if (note := report.shared_cpu_note(result_files.read_results(ran))) is not None:
+            err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     if failed:
         for r in failed:
             err_console.print(f"[bold red]failed cell[/] {r.cell.name}: {r.error}", highlight=False, soft_wrap=True)

@@ -104,6 +104,9 @@ def main() -> None:
              "the root; each decode speedup is against its task's AR baseline from the same run.", "",
              "## Claims", ""]
     lines += claim_lines(tasks, s)
+    files = sorted(plan.results_dir.glob("*.parquet"))
+    if files and (note := report.shared_cpu_note(results.read_results(files))) is not None:
+        lines += ["", f"**Warning:** {note}"]
 
     lines += ["", "## tau / decode speedup against the node budget", "",
               "| task | drafter | " + " | ".join(f"{b} nodes" for b in BUDGETS) + " |", "|---|---|" + "---:|" * len(BUDGETS)]

@@ -250,3 +250,27 @@ def test_shipped_sweep_files_load(name, n_cells):
     if name == "block_bench":  # the file names reports/block_bench.md was made from
         assert {c.name for c in plan.cells} >= {"ngram-humaneval", "jetspec-kbest-16-mt-bench", "dflash-marginal-128-math500"}
         assert not any(c.name == "jetspec-32-gsm8k" for c in plan.cells)
+
+
+def test_sweep_names_cells_timed_on_a_shared_cpu(tmp_path, prompts, monkeypatch):
+    from specbench import results
+
+    monkeypatch.setattr(results, "load_average", lambda: 9.0)  # as if a training run shared the cores
+    res = tmp_path / "res"
+    path = write(tmp_path, f"""
+results_dir = "{res}"
+targets = ["tiny-llama"]
+tasks = [{{file = "{prompts}", label = "two", limit = 1}}]
+max_new_tokens = 4
+warmup = false
+[[drafters]]
+drafter = "ngram"
+""")
+    result = invoke("sweep", path)
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 runs were timed while other processes shared the CPU" in result.stderr, result.stderr
+    monkeypatch.setattr(results, "load_average", lambda: 0.2)
+    for f in res.glob("*.parquet"):  # run again on an idle machine
+        f.unlink()
+    result = invoke("sweep", path)
+    assert result.exit_code == 0 and "shared the CPU" not in result.stderr, result.stderr
