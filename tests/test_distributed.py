@@ -182,3 +182,8 @@ def test_run_warns_when_other_processes_shared_the_cpu(tmp_path, wide_console, m
     shown = CliRunner().invoke(cli.app, ["compare", str(out.parent / "*.parquet")])
     assert shown.exit_code == 0, shown.output
     assert ("runs were timed while other processes shared the CPU" in shown.output) is warned, shown.output
+    # the note goes to stderr: machine-readable output stays parseable on a loaded machine
+    as_json = CliRunner().invoke(cli.app, ["compare", str(out.parent / "*.parquet"), "-f", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert {r["drafter"] for r in json.loads(as_json.stdout)} == {"ar", "ngram"}
+    assert ("shared the CPU" in as_json.stderr) is warned, as_json.stderr

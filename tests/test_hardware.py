@@ -334,14 +334,14 @@ def test_cli_hardware_list_and_latency(tmp_path):
     res = _cli("hardware", "latency", "--profile", "h100-sxm:engine", "--config", "llama-3.1-8b",
                "--tokens", "1,64,256", "--format", "json")
     assert res.exit_code == 0, res.output
-    got = json.loads(res.output)
+    got = json.loads(res.stdout)
     shape, prof = load_shape("llama-3.1-8b"), ANALYTIC_PROFILES["h100-sxm:engine"]
     assert [r["n"] for r in got] == [1, 64, 256]
     assert [r["ms"] for r in got] == pytest.approx([prof.t_fwd(shape, n, 512) * 1e3 for n in (1, 64, 256)])
     cfg = tmp_path / "config.json"  # any HF config file works, at any context
     cfg.write_text(json.dumps(SMALL))
     res = _cli("hardware", "latency", "-p", "a100:hf-eager", "-c", cfg, "--tokens", "4", "--context", "9", "-f", "json")
-    assert json.loads(res.output)[0]["ms"] == pytest.approx(ANALYTIC_PROFILES["a100:hf-eager"].t_fwd(load_shape(cfg), 4, 9) * 1e3)
+    assert json.loads(res.stdout)[0]["ms"] == pytest.approx(ANALYTIC_PROFILES["a100:hf-eager"].t_fwd(load_shape(cfg), 4, 9) * 1e3)
     res = _cli("hardware", "latency", "--profile", "cpu-test", "--tokens", "2", "--context", "10")  # measured: no config
     assert res.exit_code == 0 and "1.500" in res.output
 
@@ -364,7 +364,7 @@ def test_cli_hardware_user_errors(args, words):
 def test_cli_hardware_calibrate(tmp_path):
     res = _cli("hardware", "calibrate", "--out-dir", tmp_path, "--format", "json")
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     assert len(rows) == len(POINTS)
     assert {r["point"] for r in rows if not r["ok"]} == set(calibration.CONFLICTS)
     assert (tmp_path / "hardware_calibration.png").is_file()
@@ -401,12 +401,12 @@ def test_cli_compare_hardware_and_as_target(tmp_path):
     files = str(tmp_path / "*.parquet")
     res = _cli("compare", files, "--hardware", "h100-sxm:engine", "--hardware", "a100:hf-eager", "-f", "json")
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     assert len(rows) == 4 and {r["projection"] for r in rows} == {"projected"}
     assert all(r["projected_decode_speedup_sum"] == 1.0 == r["projected_decode_speedup_mean"] for r in rows if r["drafter"] == "ar")
     assert all(r["projected_decode_speedup_sum"] > 0 for r in rows)
     res = _cli("compare", files, "--hardware", "h200:engine", "--as-target", "qwen3-8b", "-f", "json")
-    assert {r["projection"] for r in json.loads(res.output)} == {"what-if: qwen3-8b"}
+    assert {r["projection"] for r in json.loads(res.stdout)} == {"what-if: qwen3-8b"}
     table = _cli("compare", files, "--hardware", "h100-sxm:engine").output
     assert "projected" in table and "h100-sxm:engine" in table
     for args, words in [(["--as-target", "qwen3-8b"], "--as-target needs --hardware"),
