@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -611,15 +612,18 @@ def test_cli_train_all_three_families(setups, tmp_path, monkeypatch, wide_consol
 SHIPPED = {"dflash": (False, False, 16), "jetspec": (True, False, 16), "treeflash": (False, True, 26)}
 
 
-@pytest.mark.parametrize("family", list(SHIPPED))
-def test_shipped_smollm2_checkpoints_are_package_data(family):
-    """The trained drafters for the default target ship in their released layout, fp16, with a card."""
+CHECKPOINTS = Path(__file__).parent.parent / "drafters" / "checkpoints"
+
+
+@pytest.mark.parametrize("family,folder", [(f, d.name) for f in SHIPPED
+                                           for d in sorted(CHECKPOINTS.glob(f"{f}-smollm2-135m*"))])
+def test_shipped_smollm2_checkpoints_are_package_data(family, folder):
+    """Every block head that ships for the default target (the default and the 40k one) is in its
+    released layout, fp16, with a card."""
     from safetensors import safe_open
 
-    from drafters.block.drafter import shipped_checkpoint
-
     causal, treeflash, max_mb = SHIPPED[family]
-    path = shipped_checkpoint(family, "smollm2-135m")
+    path = CHECKPOINTS / folder
     cfg = json.loads((path / "config.json").read_text())
     assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_target_layers"]) == (49152, 576, 30)
     assert bool(cfg["dflash_config"].get("causal_head", False)) == causal

@@ -9,19 +9,19 @@ import json
 import os
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from drafters.common.loading import shipped_checkpoint
 from drafters.eagle3.model import Eagle3HeadConfig
 
 from clirun import invoke, one_error_line
 
-SHIPPED = Path(str(resources.files("drafters").joinpath("checkpoints", "eagle3-smollm2-135m")))
-DFLASH = Path(str(resources.files("drafters").joinpath("checkpoints", "dflash-smollm2-135m")))
+SHIPPED = shipped_checkpoint("eagle3", "smollm2-135m")  # the default head (defaults.toml)
+DFLASH = shipped_checkpoint("dflash", "smollm2-135m")
 
 
 def vllm_reads(config: dict) -> dict:

@@ -443,6 +443,28 @@ def test_shipped_smollm2_head_is_package_data():
     assert "specbench train" in card and "## Final held-out metrics" in card
 
 
+def test_default_heads_are_the_shared_budget_ones():
+    """Issue 10: `--drafter <family>` on the default target loads the head that defaults.toml names, and every
+    family's default was trained on the same (at least 200k) regenerated assistant tokens; a target
+    without an entry falls back to `<family>-<target>`."""
+    import tomllib
+
+    from drafters.common.loading import default_checkpoint_name, shipped_checkpoint
+
+    root = Path(__file__).parent.parent / "drafters" / "checkpoints"
+    table = tomllib.loads((root / "defaults.toml").read_text())["smollm2-135m"]
+    assert set(table) == {"eagle3", "dflash", "jetspec", "treeflash", "specblock"}
+    budgets = set()
+    for family, folder in table.items():
+        path = shipped_checkpoint(family, "smollm2-135m")
+        assert path.name == folder and (path / "config.json").is_file()
+        info = json.loads((path / "training.json").read_text())
+        assert info["regenerate"].get("train"), f"{folder} was not trained on the target's own answers"
+        budgets.add((info["train_loss_tokens"], info["train_conversations"]))
+    assert len(budgets) == 1 and next(iter(budgets))[0] >= 200_000, budgets
+    assert default_checkpoint_name("eagle3", "tiny-llama") == "eagle3-tiny-llama"
+
+
 def test_shipped_cards_hold_no_local_paths():
     """Issue 10: no path of the machine a head was trained on in its TRAINING.md or training.json."""
     import re

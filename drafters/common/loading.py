@@ -8,7 +8,8 @@ Each family parses its own config (``parse``) and checks its own extras; the one
 * :func:`read_weights`: ``model.safetensors`` (or upstream's ``pytorch_model.bin``, read with
   ``weights_only``), returned with the :class:`~specbench.drafter.CheckpointId` of the bytes read;
 * :func:`load_checked`: missing, stray and mis-shaped weights are refused before loading;
-* :func:`shipped_checkpoint`: the checkpoint that ships for a target (package data).
+* :func:`shipped_checkpoint`: the checkpoint that ships for a target (package data), chosen by
+  ``drafters/checkpoints/defaults.toml`` where several heads ship for one family and target.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from torch import nn
 
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 C = TypeVar("C")
 WEIGHTS_NAME = "model.safetensors"
@@ -115,9 +121,27 @@ def random_identity(module: nn.Module, seed: int) -> CheckpointId:
     return CheckpointId.of_tensors(f"random:seed={seed}", module.state_dict())
 
 
+DEFAULTS_NAME = "defaults.toml"
+
+
+def default_checkpoint_name(family: str, target_name: str) -> str:
+    """The folder under ``drafters/checkpoints/`` that ``--drafter <family>`` loads for a target.
+
+    ``defaults.toml`` names it per target (``[smollm2-135m] eagle3 = "eagle3-smollm2-135m-r200k"``) when
+    several heads of one family ship (the other ones stay loadable with ``--drafter-path``); without an
+    entry it is ``<family>-<target>``.
+    """
+    table = files("drafters").joinpath("checkpoints", DEFAULTS_NAME)
+    if table.is_file():
+        entry = tomllib.loads(table.read_text()).get(target_name, {}).get(family)
+        if entry is not None:
+            return str(entry)
+    return f"{family}-{target_name}"
+
+
 def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> Path:
-    """``drafters/checkpoints/<family>-<target>`` (package data), or a one-line UserError saying how to get one."""
-    resource = files("drafters").joinpath("checkpoints", f"{family}-{target_name}")
+    """The default checkpoint that ships for a target (package data), or a one-line UserError saying how to get one."""
+    resource = files("drafters").joinpath("checkpoints", default_checkpoint_name(family, target_name))
     if not resource.joinpath("config.json").is_file():
         raise UserError(
             f"no trained {family} drafter ships for target '{target_name}'; train one with `specbench train --drafter "
@@ -128,4 +152,5 @@ def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> P
 
 
 __all__ = ["read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
+           "default_checkpoint_name",
            "WEIGHTS_NAME", "LEGACY_WEIGHTS_NAME"]

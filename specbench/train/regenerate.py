@@ -17,7 +17,7 @@ training on ChatGPT / GPT-4 answers. :func:`regenerate` does this:
   ``transformers``' ``generate``.
 * The cache is a JSONL file per (target, settings) under ``cache_dir``, appended and flushed after
   every batch: an interrupted run resumes where it stopped (a torn last line is ignored).
-* Shipped answers. Regenerating 200k tokens costs about an hour of CPU and a machine's cache may not
+* Shipped answers. Regenerating 200k tokens costs about 2.5 hours of CPU and a machine's cache may not
   survive, so the repository can ship a cache (package data, :data:`SHIPPED_DIR`):
   ``<target>-<key>.jsonl.gz``, a header line ``{"specbench_regenerated": 1, "target": name, "key":
   {...}}`` (the same settings key as the local cache's file name: target digest, max_new_tokens,
