@@ -244,8 +244,10 @@ def accept_columns(depths: int) -> list[str]:
     return [f"accept_d{d}" for d in range(1, depths + 1)]
 
 
-def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """The columns of a compare() frame with ``depths`` per-depth columns."""
+def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, ...] | list[str] = (),
+                    load: bool = False) -> list[str]:
+    """The columns of a compare() frame with ``depths`` per-depth columns (``cpu_shared`` last when
+    ``load``: the files sampled the machine's load)."""
     return [
         *KEY_COLUMNS,
         *(CHECKPOINT_COLUMNS if checkpoint else []),
@@ -256,6 +258,7 @@ def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, .
         "draft_share",
         *_SPEEDUP_KEYS,
         "lossless",
+        *(["cpu_shared"] if load else []),
     ]
 
 
@@ -320,7 +323,10 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     max_new_tokens, device, device_name, dtype); every setting that varies in the data becomes a
     column after the keys. Two runs of one drafter with different checkpoints (``checkpoint_sha256``
     or ``checkpoint_hash``, else ``checkpoint_path``, when the files carry them) never share a row;
-    their ``setting`` labels then end in ``@`` and a short hash. ``setting`` lists the options that
+    their ``setting`` labels then end in ``@`` and a short hash. ``cpu_shared`` (only when some row
+    sampled the load, ``load_1min``) is True where the row's runs or their paired AR baseline were
+    timed while other processes shared the CPU (:func:`cpu_shared`), so its speedups are unreliable;
+    None where none of those rows sampled the load. ``setting`` lists the options that
     differ from the drafter's defaults (:func:`setting_labels`), ``config`` is the full JSON.
 
     ``tau`` is tau micro. ``accept_d1 .. accept_dK`` run to the deepest accepted depth in the data
@@ -348,6 +354,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     hashes, paths = checkpoint_identity(df)
     df = df.assign(_ckpt=hashes.where(hashes != "", paths), _ckpt_hash=hashes, _ckpt_path=paths)
     with_checkpoint = bool((df["_ckpt"] != "").any())
+    with_load = "load_1min" in df.columns and bool(df["load_1min"].notna().any())
     varying = [c for c in SETTING_COLUMNS if df[c].nunique(dropna=False) > 1]
     shared = {c: _plain(df[c].iloc[0]) for c in ["target", *SETTING_COLUMNS] if c not in varying and df[c].nunique(dropna=False) == 1}
     baseline = df[df["drafter"] == BASELINE_DRAFTER]
@@ -360,6 +367,10 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
         pairs = pair_with_baseline(group, baseline)
         depth = accept_at_least(group, n_depths)
+        load = {}
+        if with_load:  # this row's runs and the baseline rows its speedups divide by
+            partners = baseline.merge(pairs[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS) if not pairs.empty else None
+            load = {"cpu_shared": cpu_shared(*_load_peak(group, partners))}
         checkpoint = {}
         if with_checkpoint:
             chk_paths = sorted({p for p in group["_ckpt_path"] if p})
@@ -382,6 +393,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
                 "draft_share": draft_share(group),
                 **speedups(pairs),
                 "lossless": lossless(pairs),
+                **load,
                 "_ckpt": fields["_ckpt"],
             }
         )
@@ -399,9 +411,11 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
         )
 
     records.sort(key=order)
-    columns = compare_columns(n_depths, with_checkpoint, varying)
+    columns = compare_columns(n_depths, with_checkpoint, varying, with_load)
     out = pd.DataFrame.from_records(records, columns=columns)
     out["lossless"] = out["lossless"].astype(object)
+    if with_load:
+        out["cpu_shared"] = out["cpu_shared"].astype(object).where(out["cpu_shared"].notna(), None)
     for column in CHECKPOINT_COLUMNS if with_checkpoint else []:  # None, not NaN, where unknown
         out[column] = out[column].astype(object).where(out[column].notna(), None)
     out.attrs["shared"] = shared
@@ -569,6 +583,8 @@ def _cell(column: str, value: Any) -> str:
         return "-"
     if column == "lossless":
         return "yes" if value else "NO"
+    if column == "cpu_shared":
+        return "SHARED" if value else "idle"
     if column == "tau":
         return f"{value:.2f}"
     if column.startswith("accept_d"):
@@ -613,6 +629,7 @@ TABLE_HEADERS = {
     "max_new_tokens": "max\nnew",
     "device_name": "machine",
     "checkpoint_path": "checkpoint\npath",
+    "cpu_shared": "CPU",
 }
 
 # The default table: the key columns (never hidden; target only when there is more than one, then
@@ -860,6 +877,8 @@ def compare_view(df: pd.DataFrame, width: int = 100, wide: bool = False, columns
         names = [*(["target"] if many_targets else []), "task", "drafter", "setting", *varying]
         names = [c for c in names if c in df.columns]
         names += [c for c in TABLE_VALUES if c == ACCEPT or c in df.columns]
+        if "cpu_shared" in df.columns and bool(df["cpu_shared"].eq(True).any()):
+            names.append("cpu_shared")  # only when a row's timing is suspect: an idle table stays as it was
     keys = [c for c in names if c in ("target", "task", "drafter", "setting", *varying)]
     specs = [_Column(c, _header(df, c), _cells(df, c), _wraps(c, wide)) for c in names]
     has_accept = any(c.name == ACCEPT for c in specs)

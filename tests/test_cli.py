@@ -228,7 +228,7 @@ def test_compare_json(mt_run):
     assert depths >= 1
     for rec in records:
         assert isinstance(rec, dict)
-        assert list(rec) == compare_columns(depths)
+        assert list(rec) == compare_columns(depths, load=True)
         assert set(rec) >= {
             "target", "task", "drafter", "setting", "config", "n_prompts", "tau", "accept_d1", "draft_share",
             "decode_speedup_sum", "decode_speedup_mean", "e2e_speedup_sum", "e2e_speedup_mean", "lossless",
@@ -252,7 +252,7 @@ def test_compare_glob_csv_markdown_table(mt_run):
     result = invoke("compare", pattern, "--format", "csv")
     assert result.exit_code == 0, result.output
     df = pd.read_csv(io.StringIO(result.stdout))
-    columns = compare_columns(len([c for c in df.columns if c.startswith("accept_d")]))
+    columns = compare_columns(len([c for c in df.columns if c.startswith("accept_d")]), load=True)
     assert list(df.columns) == columns
     assert list(df["drafter"]) == ["ar", "ngram"]
     assert df.loc[df["drafter"] == "ar", "tau"].item() == 1.0

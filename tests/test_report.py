@@ -186,7 +186,7 @@ def drafter_default(name: str, option: str):
 
 def test_compare_columns_and_values():
     out = compare(speed_data())
-    assert list(out.columns) == compare_columns(2)  # the deepest accepted length in the data is 2
+    assert list(out.columns) == compare_columns(2, load=True)  # the deepest accepted length in the data is 2
     ar = out[out["drafter"] == "ar"].iloc[0]
     eagle = out[out["drafter"] == "eagle3"].iloc[0]
     assert ar["decode_speedup_sum"] == pytest.approx(1.0) and ar["lossless"] is True
@@ -210,12 +210,12 @@ def test_compare_depths_run_to_the_deepest_accepted():
     row = out.iloc[0]
     assert [row[f"accept_d{d}"] for d in range(1, 10)] == pytest.approx([4 / 5, 2 / 5, 2 / 5] + [1 / 5] * 6)
     capped = compare(df, depths=3)
-    assert list(capped.columns) == compare_columns(3)
-    assert list(compare(df, depths=50).columns) == compare_columns(9)  # a cap, not a floor
+    assert list(capped.columns) == compare_columns(3, load=True)
+    assert list(compare(df, depths=50).columns) == compare_columns(9, load=True)  # a cap, not a floor
     with pytest.raises(UserError, match="--depths 0"):
         compare(df, depths=0)
     only_ar = compare(frame(ar_row("p0")))
-    assert list(only_ar.columns) == compare_columns(1) and only_ar.iloc[0]["accept_d1"] == 0.0
+    assert list(only_ar.columns) == compare_columns(1, load=True) and only_ar.iloc[0]["accept_d1"] == 0.0
 
 
 def test_compare_without_baseline_has_nan_speedups_and_no_lossless():
@@ -229,7 +229,7 @@ def test_compare_refuses_mixed_devices():
     with pytest.raises(UserError, match="mix devices cpu, cuda; .*--allow-mixed"):
         compare(df)
     out = compare(df, allow_mixed=True)
-    assert list(out.columns) == compare_columns(2, varying=["device", "device_name"])
+    assert list(out.columns) == compare_columns(2, varying=["device", "device_name"], load=True)
     assert len(out) == 4
     cuda = out[(out["drafter"] == "eagle3") & (out["device"] == "cuda")].iloc[0]
     assert cuda["decode_speedup_sum"] == pytest.approx(2.4)  # paired with the cuda baseline only
@@ -244,7 +244,7 @@ def test_compare_refuses_mixed_machines_on_one_device():
 def test_compare_adds_varying_setting_columns():
     df = pd.concat([speed_data(), speed_data().assign(temperature=0.7)])
     out = compare(df)
-    assert list(out.columns) == compare_columns(2, varying=["temperature"])
+    assert list(out.columns) == compare_columns(2, varying=["temperature"], load=True)
     hot = out[(out["drafter"] == "eagle3") & (out["temperature"] == 0.7)].iloc[0]
     assert hot["lossless"] is None and hot["decode_speedup_sum"] == pytest.approx(2.4)
     # each temperature is one comparable set with its baseline on top
@@ -287,7 +287,7 @@ def test_compare_never_merges_two_checkpoints():
                        accepted=[0, 0]) for p in ("p0", "p1")]
     out = compare(frame(*head_a, *head_b))
     assert len(out) == 2
-    assert list(out.columns) == compare_columns(2, checkpoint=True)
+    assert list(out.columns) == compare_columns(2, checkpoint=True, load=True)
     by_hash = out.set_index("checkpoint")
     assert by_hash.loc["a1" * 32, "checkpoint_path"] == "/heads/a"
     assert by_hash.loc["a1" * 32, "tau"] == pytest.approx(2.0)
@@ -298,9 +298,9 @@ def test_compare_never_merges_two_checkpoints():
 def test_compare_reads_files_without_checkpoint_columns():
     old = frame(make_row("p0")).drop(columns=["checkpoint_hash"])
     out = compare(old)
-    assert list(out.columns) == compare_columns(2) and out.iloc[0]["setting"] == "depth=4"
+    assert list(out.columns) == compare_columns(2, load=True) and out.iloc[0]["setting"] == "depth=4"
     # the legacy column was always empty: no checkpoint columns, one row
-    assert list(compare(frame(make_row("p0"), make_row("p1"))).columns) == compare_columns(2)
+    assert list(compare(frame(make_row("p0"), make_row("p1"))).columns) == compare_columns(2, load=True)
     # an old file (no column) read with a new one (sha256 set): two rows, the new one tagged
     mixed = pd.concat([old, frame(make_row("p0", run_id="run-2", checkpoint_sha256="c3" * 32))], ignore_index=True)
     out = compare(mixed)
@@ -466,7 +466,7 @@ def test_sort_and_columns_by_name():
     assert parse_columns(out, "task, prompts,accept,draft") == ["task", "n_prompts", report.ACCEPT, "draft_share"]
     with pytest.raises(UserError, match=r"unknown column 'speed' for --sort; valid columns: target, task, .*tau"):
         sort_compare(out, "speed")
-    with pytest.raises(UserError, match=r"unknown column 'nope' for --columns; valid columns: .*lossless, accept"):
+    with pytest.raises(UserError, match=r"unknown column 'nope' for --columns; valid columns: .*lossless, cpu_shared, accept"):
         parse_columns(out, "task,nope")
 
 
@@ -478,7 +478,7 @@ def test_format_json_has_exactly_the_fields():
     records = json.loads(format_compare(compare(speed_data()), "json"))
     assert len(records) == 2
     for rec in records:
-        assert list(rec) == compare_columns(2)
+        assert list(rec) == compare_columns(2, load=True)
     no_base = json.loads(format_compare(compare(frame(make_row())), "json"))[0]
     assert no_base["decode_speedup_sum"] is None and no_base["lossless"] is None
 
@@ -486,12 +486,12 @@ def test_format_json_has_exactly_the_fields():
 def test_format_csv_markdown_table():
     out = compare(speed_data())
     back = pd.read_csv(io.StringIO(format_compare(out, "csv")))
-    assert list(back.columns) == compare_columns(2) and len(back) == 2
+    assert list(back.columns) == compare_columns(2, load=True) and len(back) == 2
 
     md = format_compare(out, "markdown").splitlines()
     assert len(md) == 4
-    assert md[0] == "| " + " | ".join(compare_columns(2)) + " |"
-    assert md[1].count("|") == len(compare_columns(2)) + 1
+    assert md[0] == "| " + " | ".join(compare_columns(2, load=True)) + " |"
+    assert md[1].count("|") == len(compare_columns(2, load=True)) + 1
     assert "2.40x" in md[3] and '{"depth":4}' in md[3] and "| depth=4 |" in md[3] and "yes" in md[3]
 
     table = format_compare(out, "table")
@@ -647,3 +647,28 @@ def test_shared_cpu_note_names_the_busy_runs():
     note = shared_cpu_note(pd.DataFrame(idle + busy))
     assert note.startswith("1 of 2 runs") and "ar on " in note and "load 4.4, 2 threads" in note and "ngram" not in note
     assert shared_cpu_note(pd.DataFrame(idle + busy).drop(columns="load_1min")) is None  # older files
+
+
+def test_compare_marks_rows_timed_on_a_shared_cpu():
+    """A compare row is cpu_shared when its runs or the AR rows its speedups divide by were timed on a busy
+    CPU; the table shows the column only then; files without load samples get no column."""
+    from specbench.report import compare, compare_view
+
+    def rows(drafter, load, run_id):
+        return [synthetic_row(p, 0, [0, 0] if drafter == "ar" else [1, 2], run_id=run_id, drafter=drafter,
+                              drafter_config="{}", load_1min=load, threads=2) for p in ("a", "b")]
+
+    idle = pd.DataFrame(rows("ar", 1.9, "base") + rows("ngram", 2.2, "ng"))
+    frame = compare(idle)
+    assert list(frame["cpu_shared"]) == [False, False]
+    assert "CPU" not in compare_view(frame, 200).text()
+
+    busy_base = pd.DataFrame(rows("ar", 4.4, "base") + rows("ngram", 2.2, "ng"))  # only the baseline was disturbed
+    frame = compare(busy_base)
+    assert list(frame["drafter"]) == ["ar", "ngram"] and list(frame["cpu_shared"]) == [True, True]
+    text = compare_view(frame, 200).text()
+    assert "CPU" in text and text.count("SHARED") == 2
+
+    unpaired = pd.DataFrame(rows("ngram", 3.1, "ng"))  # no baseline: its own rows decide
+    assert list(compare(unpaired)["cpu_shared"]) == [True]
+    assert "cpu_shared" not in compare(idle.drop(columns="load_1min")).columns  # files written before the column
