@@ -1,9 +1,10 @@
 """The block claims table of issue 10 with the 200k-token heads: `python sweeps/block_r200k.py`.
 
 Reads ``reports/data/block-r200k/`` (``specbench sweep sweeps/block_r200k.toml``: every cell of a task
-paired with one AR baseline measured in the same run) and writes ``reports/block_r200k.md`` and
+paired with one AR baseline measured in the same run) and writes ``reports/block_r200k.md``,
 ``reports/figures/block-r200k-budget.png`` (tau and decode speedup against the node budget, one
-panel per task). Cells that have not run yet show as "-", and a claim with a missing cell says so
+panel per task) and the README's claims table, between its ``README_BEGIN`` and ``README_END``
+lines (``tests/test_sweep.py`` checks that the README's table is what this data gives). Cells that have not run yet show as "-", and a claim with a missing cell says so
 instead of a verdict. Each verdict states its rule; none is decided by hand.
 """
 
@@ -27,6 +28,9 @@ AT16 = (("dflash-chain-16", "DFlash, chain"), ("jetspec-chain-16", "JetSpec, cha
         ("jetspec-kbest-16", "JetSpec head, marginal tree"), ("eagle3-16", "EAGLE-3 (200k head), depth 5, top_k 4"))
 OUT = Path("reports/block_r200k.md")
 FIGURE = Path("reports/figures/block-r200k-budget.png")
+README = Path("README.md")
+README_BEGIN = "<!-- claims table: written by `python sweeps/block_r200k.py`; do not edit by hand -->"
+README_END = "<!-- end of the claims table -->"
 
 
 def _fmt(x, spec: str = ".2f") -> str:
@@ -94,6 +98,58 @@ def claim_lines(tasks: list[str], s: dict) -> list[str]:
     return lines
 
 
+def readme_table(tasks: list[str], s: dict) -> list[str]:
+    """The README's claims table: one row per claim with its rule, verdict and numbers (same rules as
+    :func:`claim_lines`; the issue's two targets read "reached" or "not reached")."""
+    tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
+    rows = ["| claim (rule) | verdict | numbers |", "|---|---|---|"]
+
+    def word(oks: list[bool | None], unit: str, target: bool = False) -> str:
+        if any(ok is None for ok in oks):
+            return f"not measured yet ({sum(ok is None for ok in oks)} of {len(oks)} {unit} missing)"
+        if target:
+            return "**reached**" if all(oks) else "**not reached**"
+        held = sum(bool(ok) for ok in oks)
+        return f"**{'reproduced' if held == len(oks) else 'not reproduced'}** ({held} of {len(oks)}{' ' + unit if held < len(oks) else ''})"
+
+    def series(label: str) -> str:
+        return " / ".join(_fmt(tau(label, t)) for t in tasks)
+
+    oks = []
+    for t in tasks:
+        c, k, ch = tau("jetspec-16", t), tau("jetspec-kbest-16", t), tau("jetspec-chain-16", t)
+        oks.append(None if None in (c, k, ch) else c > k > ch)
+    rows.append("| JetSpec's ordering: its causal tree > the marginal tree > the chain, same head, 16 nodes, every task | "
+                f"{word(oks, 'tasks')} | causal {series('jetspec-16')}, marginal {series('jetspec-kbest-16')}, "
+                f"chain {series('jetspec-chain-16')} ({' / '.join(tasks)}) |")
+
+    oks = []
+    for b in BUDGETS:
+        for t in tasks:
+            x, y = tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)
+            oks.append(None if x is None or y is None else x > y)
+    ends = "; ".join(f"{b} nodes: " + ", ".join(f"{_fmt(tau(f'treeflash-{b}', t))} vs {_fmt(tau(f'dflash-marginal-{b}', t))}"
+                                                 for t in tasks) for b in (BUDGETS[0], BUDGETS[-1]))
+    rows.append(f"| TreeFlash over its own marginal tree, every budget and task | {word(oks, 'cells')} | {ends} |")
+
+    a, b = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+    rows.append("| DFlash 16-node marginal tree >= EAGLE-3 16 nodes on humaneval (issue target) | "
+                f"{word([None if a is None or b is None else a >= b], 'cells', target=True)} | {_fmt(a)} vs {_fmt(b)} |")
+    a = tau("jetspec-64", "math500")
+    rows.append("| JetSpec tau at budget 64 on math500 >= 2.5 (issue target) | "
+                f"{word([None if a is None else a >= 2.5], 'cells', target=True)} | {_fmt(a)} |")
+    return rows
+
+
+def readme_with_table(text: str, table: list[str]) -> str:
+    """``text`` (the README) with the lines between README_BEGIN and README_END replaced by ``table``."""
+    head, sep, rest = text.partition(README_BEGIN + "\n")
+    old, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise SystemExit(f"{README} lacks the lines {README_BEGIN!r} and {README_END!r} around the claims table")
+    return head + sep + "\n".join(table) + "\n" + sep2 + tail
+
+
 def main() -> None:
     plan = sweep.load_sweep(SWEEP)
     tasks, s = summaries(plan)
@@ -157,6 +213,9 @@ def main() -> None:
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if README.exists():
+        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s)))
+        print(f"wrote the claims table into {README}")
 
 
 if __name__ == "__main__":

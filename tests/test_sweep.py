@@ -252,6 +252,26 @@ def test_shipped_sweep_files_load(name, n_cells):
         assert not any(c.name == "jetspec-32-gsm8k" for c in plan.cells)
 
 
+def test_readme_claims_table_is_what_the_block_r200k_data_gives(monkeypatch):
+    """The README's 200k claims table is written by sweeps/block_r200k.py from the committed result files,
+    never by hand: rebuilt from reports/data/block-r200k it must equal the README's, and the writer
+    replaces a stale one."""
+    import importlib.util
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("block_r200k_script", root / "sweeps" / "block_r200k.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(root)  # the sweep's results_dir is relative to the repository
+    tasks, cells = script.summaries(sweep.load_sweep(root / "sweeps" / "block_r200k.toml"))
+    assert len(cells) == 64 and tasks == ["humaneval", "math500", "gsm8k", "mt-bench"]
+    table = script.readme_table(tasks, cells)
+    readme = (root / "README.md").read_text()
+    assert script.readme_with_table(readme, table) == readme
+    stale = readme.replace("| 1.53 vs 2.05 |", "| 1.63 vs 2.05 |")
+    assert stale != readme and script.readme_with_table(stale, table) == readme
+
+
 def test_sweep_names_cells_timed_on_a_shared_cpu(tmp_path, prompts, monkeypatch):
     from specbench import results
 
