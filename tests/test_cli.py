@@ -421,6 +421,8 @@ def test_list_drafters():
     for name in ("ar", "ngram", "draft-model", "num_draft"):
         assert name in result.stdout
     assert "failed to load" not in result.stdout
+    flat = " ".join(result.stdout.split())  # the table wraps at the terminal's width
+    assert "smollm2-135m: drafters/checkpoints/dflash-smollm2-135m-r200k" in flat
 
 
 def test_list_tasks():

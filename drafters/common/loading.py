@@ -124,6 +124,13 @@ def random_identity(module: nn.Module, seed: int) -> CheckpointId:
 DEFAULTS_NAME = "defaults.toml"
 
 
+def shipped_defaults() -> dict[str, dict[str, str]]:
+    """``defaults.toml`` as ``{target: {family: folder}}`` (empty when the file is absent)."""
+    table = files("drafters").joinpath("checkpoints", DEFAULTS_NAME)
+    return {t: {f: str(d) for f, d in heads.items()} for t, heads in tomllib.loads(table.read_text()).items()} \
+        if table.is_file() else {}
+
+
 def default_checkpoint_name(family: str, target_name: str) -> str:
     """The folder under ``drafters/checkpoints/`` that ``--drafter <family>`` loads for a target.
 
@@ -131,12 +138,7 @@ def default_checkpoint_name(family: str, target_name: str) -> str:
     several heads of one family ship (the other ones stay loadable with ``--drafter-path``); without an
     entry it is ``<family>-<target>``.
     """
-    table = files("drafters").joinpath("checkpoints", DEFAULTS_NAME)
-    if table.is_file():
-        entry = tomllib.loads(table.read_text()).get(target_name, {}).get(family)
-        if entry is not None:
-            return str(entry)
-    return f"{family}-{target_name}"
+    return shipped_defaults().get(target_name, {}).get(family, f"{family}-{target_name}")
 
 
 def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> Path:
@@ -152,5 +154,5 @@ def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> P
 
 
 __all__ = ["read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
-           "default_checkpoint_name",
+           "default_checkpoint_name", "shipped_defaults",
            "WEIGHTS_NAME", "LEGACY_WEIGHTS_NAME"]
