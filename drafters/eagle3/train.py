@@ -207,6 +207,9 @@ class Eagle3Training(Trainable):
             ok = pos + 1 < t
             pos = pos.clamp(max=t - 2)
             mask = (batch.loss_mask[:, pos + 1] & batch.valid[:, pos + 1] & in_vocab[:, pos]) & ok  # [B, R]
+            if i == 0:  # how often the target's greedy token is draftable at all: the accuracies count only those
+                scorable = batch.loss_mask[:, pos + 1] & batch.valid[:, pos + 1] & ok
+                metrics["in_vocab"] = (float(mask.sum()), float(scorable.sum()))
             rows_b, rows_j = mask.nonzero(as_tuple=True)  # the lm_head runs on scored rows only
             logp = torch.log_softmax(head.draft_logits(h[rows_b, rows_j]).float(), dim=-1)  # [n, Vd]
             at = pos[rows_j]

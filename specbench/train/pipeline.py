@@ -419,6 +419,11 @@ def training_card(summary: dict) -> str:
     held = summary["heldout"]
     for d in sorted(int(k[4:]) for k in held if k.startswith("acc_")):
         lines.append(f"| {d + 1} | {held[f'acc_{d}']:.3f} | {held[f'loss_{d}']:.3f} |")
+    if "in_vocab" in held:  # a reduced draft vocabulary (EAGLE-3): the accuracies above are conditional on it
+        lines += ["", f"The draft vocabulary holds the target's greedy token at {held['in_vocab']:.1%} of the held-out "
+                  "depth-1 positions. The accuracies above count only those positions (a token outside it can never "
+                  f"be drafted), so the head's top-1 equals the target's at about {held['acc_0'] * held['in_vocab']:.3f} "
+                  "of all depth-1 positions."]
     if "chain_tau" in held:
         lines += ["", f"Held-out `chain_tau` (1 + the leading run of top-1 agreements in a block): {held['chain_tau']:.3f}."]
     if "rank_confusion_0_0" in held:  # a rank head (SpecBlock): rows = true class, shares of all scored slots
