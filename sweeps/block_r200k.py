@@ -144,7 +144,7 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
 def readme_with_table(text: str, table: list[str]) -> str:
     """``text`` (the README) with the lines between README_BEGIN and README_END replaced by ``table``."""
     head, sep, rest = text.partition(README_BEGIN + "\n")
-    old, sep2, tail = rest.partition(README_END)
+    _, sep2, tail = rest.partition(README_END)
     if not sep or not sep2:
         raise SystemExit(f"{README} lacks the lines {README_BEGIN!r} and {README_END!r} around the claims table")
     return head + sep + "\n".join(table) + "\n" + sep2 + tail
