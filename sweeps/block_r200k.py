@@ -57,9 +57,33 @@ def summaries(plan: sweep.Sweep) -> tuple[list[str], dict[tuple[str, str], dict]
     return tasks, out
 
 
+def rules(tasks: list[str], s: dict) -> dict:
+    """Each claim's rule applied to the cells (None where a cell is missing), shared by the report's claim
+    lines and the README's table: ``jetspec`` {task: (causal, marginal, chain, ok)}, ``treeflash``
+    {(budget, task): (treeflash, marginal, ok)}, ``dflash`` (dflash, eagle3, ok) and ``jetspec64`` (tau, ok)."""
+    tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
+    jet = {}
+    for t in tasks:
+        c, k, ch = tau("jetspec-16", t), tau("jetspec-kbest-16", t), tau("jetspec-chain-16", t)
+        jet[t] = (c, k, ch, None if None in (c, k, ch) else c > k > ch)
+    tree = {}
+    for b in BUDGETS:
+        for t in tasks:
+            x, y = tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)
+            tree[(b, t)] = (x, y, None if x is None or y is None else x > y)
+    a, e = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+    j64 = tau("jetspec-64", "math500")
+    return {"jetspec": jet, "treeflash": tree, "dflash": (a, e, None if a is None or e is None else a >= e),
+            "jetspec64": (j64, None if j64 is None else j64 >= 2.5)}
+
+
+def _all(oks: list[bool | None]) -> bool | None:
+    return None if any(ok is None for ok in oks) else all(oks)
+
+
 def claim_lines(tasks: list[str], s: dict) -> list[str]:
     """One line per claim of the issue: its rule, the numbers and the verdict (or what is missing)."""
-    tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
+    r = rules(tasks, s)
     lines = []
 
     def verdict(name: str, rule: str, checks: list[tuple[str, bool | None, str]]) -> None:
@@ -72,36 +96,24 @@ def claim_lines(tasks: list[str], s: dict) -> list[str]:
             word = "**reproduced**" if len(held) == len(checks) else f"**not reproduced** (holds on {len(held)} of {len(checks)})"
         lines.append(f"- {name} ({rule}): {word}. {detail}.")
 
-    def cmp(a, b, strict=True):
-        return None if a is None or b is None else (a > b if strict else a >= b)
-
-    checks = []
-    for t in tasks:
-        c, k, ch = tau("jetspec-16", t), tau("jetspec-kbest-16", t), tau("jetspec-chain-16", t)
-        ok = None if None in (c, k, ch) else (c > k > ch)
-        checks.append((t, ok, f"{_fmt(c)} > {_fmt(k)} > {_fmt(ch)}"))
-    verdict("JetSpec's ordering", "tau of its causal tree > marginal tree > chain on the same head, 16 nodes, every task", checks)
-
-    checks = []
-    for t in tasks:
-        pairs = [(b, tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)) for b in BUDGETS]
-        ok = None if any(x is None or y is None for _, x, y in pairs) else all(x > y for _, x, y in pairs)
-        checks.append((t, ok, ", ".join(f"{b}: {_fmt(x)} vs {_fmt(y)}" for b, x, y in pairs)))
-    verdict("TreeFlash over its own marginal tree", "tau with the correction > without, at every budget and task", checks)
-
-    a, b = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+    verdict("JetSpec's ordering", "tau of its causal tree > marginal tree > chain on the same head, 16 nodes, every task",
+            [(t, ok, f"{_fmt(c)} > {_fmt(k)} > {_fmt(ch)}") for t, (c, k, ch, ok) in r["jetspec"].items()])
+    verdict("TreeFlash over its own marginal tree", "tau with the correction > without, at every budget and task",
+            [(t, _all([r["treeflash"][(b, t)][2] for b in BUDGETS]),
+              ", ".join(f"{b}: {_fmt(r['treeflash'][(b, t)][0])} vs {_fmt(r['treeflash'][(b, t)][1])}" for b in BUDGETS))
+             for t in tasks])
+    a, e, ok = r["dflash"]
     verdict("DFlash against EAGLE-3 (issue target)", "16-node marginal-tree tau on humaneval >= EAGLE-3's 16-node tau",
-            [("humaneval", cmp(a, b, strict=False), f"{_fmt(a)} vs {_fmt(b)}")])
-    a = tau("jetspec-64", "math500")
-    verdict("JetSpec at budget 64 (issue target)", "tau on math500 >= 2.5",
-            [("math500", None if a is None else a >= 2.5, f"{_fmt(a)}")])
+            [("humaneval", ok, f"{_fmt(a)} vs {_fmt(e)}")])
+    a, ok = r["jetspec64"]
+    verdict("JetSpec at budget 64 (issue target)", "tau on math500 >= 2.5", [("math500", ok, f"{_fmt(a)}")])
     return lines
 
 
 def readme_table(tasks: list[str], s: dict) -> list[str]:
-    """The README's claims table: one row per claim with its rule, verdict and numbers (same rules as
-    :func:`claim_lines`; the issue's two targets read "reached" or "not reached")."""
-    tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
+    """The README's claims table: one row per claim with its rule, verdict and numbers (the rules of
+    :func:`rules`; the issue's two targets read "reached" or "not reached")."""
+    r = rules(tasks, s)
     rows = ["| claim (rule) | verdict | numbers |", "|---|---|---|"]
 
     def word(oks: list[bool | None], unit: str, target: bool = False) -> str:
@@ -112,32 +124,20 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
         held = sum(bool(ok) for ok in oks)
         return f"**{'reproduced' if held == len(oks) else 'not reproduced'}** ({held} of {len(oks)}{' ' + unit if held < len(oks) else ''})"
 
-    def series(label: str) -> str:
-        return " / ".join(_fmt(tau(label, t)) for t in tasks)
-
-    oks = []
-    for t in tasks:
-        c, k, ch = tau("jetspec-16", t), tau("jetspec-kbest-16", t), tau("jetspec-chain-16", t)
-        oks.append(None if None in (c, k, ch) else c > k > ch)
+    jet = r["jetspec"]
+    series = lambda i: " / ".join(_fmt(jet[t][i]) for t in tasks)  # noqa: E731
     rows.append("| JetSpec's ordering: its causal tree > the marginal tree > the chain, same head, 16 nodes, every task | "
-                f"{word(oks, 'tasks')} | causal {series('jetspec-16')}, marginal {series('jetspec-kbest-16')}, "
-                f"chain {series('jetspec-chain-16')} ({' / '.join(tasks)}) |")
-
-    oks = []
-    for b in BUDGETS:
-        for t in tasks:
-            x, y = tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)
-            oks.append(None if x is None or y is None else x > y)
-    ends = "; ".join(f"{b} nodes: " + ", ".join(f"{_fmt(tau(f'treeflash-{b}', t))} vs {_fmt(tau(f'dflash-marginal-{b}', t))}"
-                                                 for t in tasks) for b in (BUDGETS[0], BUDGETS[-1]))
-    rows.append(f"| TreeFlash over its own marginal tree, every budget and task | {word(oks, 'cells')} | {ends} |")
-
-    a, b = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+                f"{word([jet[t][3] for t in tasks], 'tasks')} | causal {series(0)}, marginal {series(1)}, "
+                f"chain {series(2)} ({' / '.join(tasks)}) |")
+    tree = r["treeflash"]
+    ends = "; ".join(f"{b} nodes: " + ", ".join(f"{_fmt(tree[(b, t)][0])} vs {_fmt(tree[(b, t)][1])}" for t in tasks)
+                     for b in (BUDGETS[0], BUDGETS[-1]))
+    rows.append(f"| TreeFlash over its own marginal tree, every budget and task | {word([v[2] for v in tree.values()], 'cells')} | {ends} |")
+    a, e, ok = r["dflash"]
     rows.append("| DFlash 16-node marginal tree >= EAGLE-3 16 nodes on humaneval (issue target) | "
-                f"{word([None if a is None or b is None else a >= b], 'cells', target=True)} | {_fmt(a)} vs {_fmt(b)} |")
-    a = tau("jetspec-64", "math500")
-    rows.append("| JetSpec tau at budget 64 on math500 >= 2.5 (issue target) | "
-                f"{word([None if a is None else a >= 2.5], 'cells', target=True)} | {_fmt(a)} |")
+                f"{word([ok], 'cells', target=True)} | {_fmt(a)} vs {_fmt(e)} |")
+    a, ok = r["jetspec64"]
+    rows.append(f"| JetSpec tau at budget 64 on math500 >= 2.5 (issue target) | {word([ok], 'cells', target=True)} | {_fmt(a)} |")
     return rows
 
 
