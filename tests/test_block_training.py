@@ -457,3 +457,55 @@ def test_context_probe_wrapper_is_the_model_forward_with_a_narrower_mask(target)
     torch.testing.assert_close(same, own, atol=1e-4, rtol=1e-4)  # (the model's own keeps fewer context columns)
     torch.testing.assert_close(after, own)
     assert (stale - own).abs().max() > 1e-2
+
+
+def test_attention_probe_reads_the_depth1_querys_weights(target):
+    """scripts/block-heldout-probe --attention: the recorder leaves the forward as it was; with every
+    score equal the shares are the closed-form uniform ones; with all of a query's weight on its
+    root (or on context row a-1) the tally puts it there."""
+    script = probe_script()
+    tr = trainable(target, DFlashTraining, data=[list(range(30))])
+    model = tr.module.float()
+    b = model.config.block_size
+    batch = random_batch(target, tr.cache_layers, s=2, t=20)
+    anchors, ok = select_anchors(batch)
+    roots = batch.tokens.gather(1, anchors)
+    with torch.no_grad():
+        kv = tr.context_kv(batch)
+        own = tr.block_hidden(kv, anchors, roots)
+        with script.recorded_attention(model) as seen:
+            same = tr.block_hidden(kv, anchors, roots)
+    assert all(len(calls) == 1 for calls in seen)
+    assert "attention" not in vars(model.layers[0].self_attn)
+    torch.testing.assert_close(same, own)
+    row, finite = seen[0][0]
+    torch.testing.assert_close(row.sum(-1), torch.ones(row.shape[:-1]))
+    a = anchors[ok].float()
+    assert torch.equal(finite[ok][:, 0].sum(-1).float(), a + b)  # rows 0..a-1 and the block's b keys
+
+    def shares(weights):  # every layer's attention replaced by ``weights(scores)``
+        for layer in model.layers:
+            layer.self_attn.attention = weights
+        try:
+            return script.depth1_attention(tr, [batch])
+        finally:
+            for layer in model.layers:
+                del layer.self_attn.attention
+
+    uniform = (1 / (a + b)).mean().item()
+    flat = shares(lambda s: torch.softmax(torch.where(torch.isfinite(s), 0.0, s), dim=-1))
+    for layer in flat:
+        for k in ("root", "prev_row", "uniform", "root_best_head"):
+            assert layer[k] == pytest.approx(uniform, rel=1e-5)
+        assert layer["context"] == pytest.approx((a / (a + b)).mean().item(), rel=1e-5)
+
+    def one_hot(s, at):
+        w = torch.zeros_like(s, dtype=torch.float32)
+        return w.scatter(-1, at(s), 1.0)
+
+    on_root = shares(lambda s: one_hot(s, lambda s: torch.full_like(s[..., :1], s.shape[-1] - b, dtype=torch.long)))
+    on_prev = shares(lambda s: one_hot(s, lambda s: (torch.isfinite(s[..., : s.shape[-1] - b]).sum(-1, keepdim=True) - 1)))
+    for layer in on_root:
+        assert (layer["root"], layer["root_best_head"], layer["prev_row"], layer["context"]) == pytest.approx((1, 1, 0, 0))
+    for layer in on_prev:
+        assert (layer["root"], layer["prev_row"], layer["context"]) == pytest.approx((0, 1, 1))

@@ -168,6 +168,12 @@ class BlockAttention(nn.Module):
         v = self.v_proj(x).view(*lead, n, self.n_kv, self.head_dim).transpose(-2, -3)
         return apply_rope(k, cos.unsqueeze(-3), sin.unsqueeze(-3)), v
 
+    def attention(self, scores: Tensor) -> Tensor:
+        """Attention weights [..., nh, B, T + B] over [context keys | block keys] from masked scores
+        (float32). A method of its own so a diagnostic can read the weights
+        (``scripts/block-heldout-probe --attention``)."""
+        return torch.softmax(scores.float(), dim=-1)
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
                 ctx_visible: Tensor | None, causal: bool) -> Tensor:
         """Block rows x [..., B, H] attend to context keys [..., nkv, T, hd] (broadcast over the
@@ -192,7 +198,7 @@ class BlockAttention(nn.Module):
             tri = torch.ones(b, b, dtype=torch.bool, device=x.device).tril()
             s_blk = s_blk.masked_fill(~tri, float("-inf"))
         t = s_ctx.shape[-1]
-        probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1).float(), dim=-1).to(q.dtype)
+        probs = self.attention(torch.cat([s_ctx, s_blk], dim=-1)).to(q.dtype)
         out = probs[..., :t] @ v_ctx + probs[..., t:] @ v_blk  # [..., nh, B, hd]
         return self.o_proj(out.transpose(-2, -3).reshape(*lead, b, self.n_heads * self.head_dim))
 
