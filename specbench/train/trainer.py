@@ -32,7 +32,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -272,6 +272,15 @@ def _all_reduce_grads(params: list[nn.Parameter]) -> None:
         offset += n
 
 
+def eval_batches(data: TokenizedSet, batch_tokens: int, device: torch.device | str = "cpu", world=None) -> Iterator[Batch]:
+    """The evaluation's batches of ``data``: every sequence once, in the fixed plan of seed 0, epoch 0
+    (the same batches for every checkpoint); under a world, this rank's share of them."""
+    batches = plan_batches([len(x) for x in data.input_ids], batch_tokens, seed=0, epoch=0)
+    if world is not None:
+        batches = batches[world.rank :: world.size]
+    return (collate(data, seqs, device) for seqs in batches)
+
+
 @torch.no_grad()
 def evaluate(trainable: Trainable, data: TokenizedSet, device: torch.device | str = "cpu", world=None) -> dict[str, float]:
     """Metrics over every sequence of ``data`` (fixed batches, model in eval mode); under a world the
@@ -280,12 +289,8 @@ def evaluate(trainable: Trainable, data: TokenizedSet, device: torch.device | st
     was_training = module.training
     module.eval()
     sums: dict[str, list[float]] = {}
-    lengths = [len(x) for x in data.input_ids]
-    batches = plan_batches(lengths, trainable.recipe.batch_tokens, seed=0, epoch=0)
-    if world is not None:
-        batches = batches[world.rank :: world.size]
-    for seqs in batches:
-        _, metrics = trainable.loss(collate(data, seqs, device))
+    for batch in eval_batches(data, trainable.recipe.batch_tokens, device, world):
+        _, metrics = trainable.loss(batch)
         _accumulate(sums, metrics)
     module.train(was_training)
     return _ratios(_gather_sums(sums, world))
@@ -449,4 +454,4 @@ def train(
 
 
 __all__ = ["TrainRecipe", "Batch", "Trainable", "TokenizedSet", "StepReport", "TrainResult", "plan_batches",
-           "split_shards", "collate", "evaluate", "train", "recipe_key", "STATE_FILE", "LOG_FILE"]
+           "split_shards", "collate", "eval_batches", "evaluate", "train", "recipe_key", "STATE_FILE", "LOG_FILE"]
