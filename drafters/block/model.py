@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from drafters.common.kv_cache import LayerCaches
 from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
 from drafters.common.rope import Rotary
-from drafters.common.shape import target_shape
+from drafters.common.shape import TargetShaped, target_shape
 from drafters.common.vocab import random_vocabulary, target_ids_of, vocab_maps
 from specbench.errors import UserError
 
@@ -70,7 +70,7 @@ def build_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, 
 
 
 @dataclass(frozen=True)
-class BlockConfig:
+class BlockConfig(TargetShaped):
     """Shape and options of a block drafter (its ``config.json``)."""
 
     hidden_size: int
@@ -111,14 +111,6 @@ class BlockConfig:
     def reduced_vocab(self) -> bool:
         """True for the reduced draft vocabulary variant (a head over fewer ids than the target's)."""
         return self.draft_vocab_size is not None and self.draft_vocab_size < self.vocab_size
-
-    @property
-    def dim_per_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def feature_size(self) -> int:
-        return self.target_hidden_size or self.hidden_size
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

@@ -34,6 +34,24 @@ def target_shape(target) -> dict[str, Any]:
     )
 
 
+class TargetShaped:
+    """The derived sizes of a target-shaped head config (a dataclass with these four fields)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    head_dim: int | None
+    target_hidden_size: int | None
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def feature_size(self) -> int:
+        """Width of one tapped target hidden state (None in the config = the head's own width)."""
+        return self.target_hidden_size or self.hidden_size
+
+
 def rope_from_config_dict(d: dict) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from a checkpoint's config.json (either style)."""
     scaling = d.get("rope_scaling")
@@ -48,4 +66,4 @@ def rope_from_config_dict(d: dict) -> tuple[float, dict | None]:
     return float(theta or 10000.0), scaling
 
 
-__all__ = ["target_shape", "target_rope", "rope_from_config_dict"]
+__all__ = ["TargetShaped", "target_shape", "target_rope", "rope_from_config_dict"]

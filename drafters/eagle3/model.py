@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from drafters.common.kv_cache import KVCache
 from drafters.common.nn import GatedMLP, RMSNorm, apply_rope, init_normal_
 from drafters.common.rope import Rotary
-from drafters.common.shape import rope_from_config_dict, target_shape
+from drafters.common.shape import TargetShaped, rope_from_config_dict, target_shape
 from drafters.common.vocab import random_vocabulary, vocab_maps
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -55,7 +55,7 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 @dataclass(frozen=True)
-class Eagle3HeadConfig:
+class Eagle3HeadConfig(TargetShaped):
     """Shape of an EAGLE-3 head (the Llama-style ``config.json`` of a checkpoint)."""
 
     hidden_size: int
@@ -85,15 +85,6 @@ class Eagle3HeadConfig:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"need 0 < draft_vocab_size <= vocab_size, got {self.draft_vocab_size} and {self.vocab_size}")
-
-    @property
-    def dim_per_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def feature_size(self) -> int:
-        """Width of one target hidden state (the fc input is three of them)."""
-        return self.target_hidden_size or self.hidden_size
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int = 0, **overrides: Any) -> "Eagle3HeadConfig":
