@@ -39,21 +39,18 @@ layer count) or whose weights do not match its config.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from drafters.block.model import BlockConfig, BlockModel, build_target_layer_ids
-from drafters.common.loading import check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import WEIGHTS_NAME, check_made_for, load_checked, read_config, read_weights, write_checkpoint
 from drafters.common.rope import rope_parameters
 from drafters.common.shape import rope_from_config_dict
 from drafters.common.vocab import check_vocab_maps
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
-WEIGHTS_NAME = "model.safetensors"
 MASK_EMBEDDING_NAME = "mask_embedding.pt"  # vLLM's file for a learned mask embedding
 LAYOUTS = ("dflash", "jetspec", "treeflash")
 _KNOWN = {
@@ -152,14 +149,9 @@ def state_dict_for(model: BlockModel, layout: str) -> dict[str, torch.Tensor]:
 
 def save_block(model: BlockModel, path: str | Path, layout: str) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``mask_embedding.pt``) of ``model`` into ``path``."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    config = config_dict(model.config, layout)
-    config["torch_dtype"] = str(model.fc.weight.dtype).removeprefix("torch.")
     tensors = state_dict_for(model, layout)
     mask = tensors.pop("model.mask_embedding" if layout == "treeflash" else "mask_embedding", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    out = write_checkpoint(path, config_dict(model.config, layout), tensors, model.fc.weight.dtype)
     if mask is not None:
         torch.save(mask.clone(), out / MASK_EMBEDDING_NAME)  # a plain [H] tensor, what vLLM reads
     else:

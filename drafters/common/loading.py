@@ -8,6 +8,8 @@ Each family parses its own config (``parse``) and checks its own extras; the one
 * :func:`read_weights`: ``model.safetensors`` (or upstream's ``pytorch_model.bin``, read with
   ``weights_only``), returned with the :class:`~specbench.drafter.CheckpointId` of the bytes read;
 * :func:`load_checked`: missing, stray and mis-shaped weights are refused before loading;
+* :func:`write_checkpoint`: the other direction, ``config.json`` + ``model.safetensors`` as every
+  family writes them;
 * :func:`shipped_checkpoint`: the checkpoint that ships for a target (package data), chosen by
   ``drafters/checkpoints/defaults.toml`` where several heads ship for one family and target.
 """
@@ -34,6 +36,19 @@ except ModuleNotFoundError:  # Python 3.10
 C = TypeVar("C")
 WEIGHTS_NAME = "model.safetensors"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
+
+
+def write_checkpoint(path: str | Path, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Path:
+    """Write ``config.json`` (sorted keys, ``torch_dtype`` set to ``dtype``) and ``model.safetensors`` into
+    directory ``path`` (made if missing); a family writes its extra files beside them itself."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**config, "torch_dtype": str(dtype).removeprefix("torch.")}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    return out
 
 
 def read_config(src: Path, where: str, parse: Callable[[dict], C]) -> C:

@@ -21,14 +21,13 @@ so such releases may carry none (or all-zero ones); the map is the identity eith
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers
-from drafters.common.loading import WEIGHTS_NAME, check_feature_head_for, check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import (check_feature_head_for, check_made_for, load_checked, read_config, read_weights,
+                                     write_checkpoint)
 from drafters.common.vocab import check_vocab_maps
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
@@ -39,14 +38,7 @@ IGNORED_KEYS = ("embed_tokens.weight",)
 
 def save_eagle3(head: Eagle3Head, path: str | Path) -> Path:
     """Write ``config.json`` + ``model.safetensors`` for ``head`` into directory ``path``."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    config = head.config.to_config_dict()
-    config["torch_dtype"] = str(head.fc.weight.dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
-    return out
+    return write_checkpoint(path, head.config.to_config_dict(), head.state_dict(), head.fc.weight.dtype)
 
 
 def load_eagle3(path: str | Path, target) -> Eagle3Head:

@@ -21,13 +21,12 @@ inconsistent vocabulary maps.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from drafters.common.loading import WEIGHTS_NAME, check_feature_head_for, check_made_for, load_checked, read_config, read_weights
+from drafters.common.loading import (WEIGHTS_NAME, check_feature_head_for, check_made_for, load_checked, read_config, read_weights,
+                                     write_checkpoint)
 from drafters.common.vocab import check_vocab_maps
 from drafters.specblock.model import SpecBlockConfig, SpecBlockModel
 from specbench.drafter import CheckpointId
@@ -38,13 +37,7 @@ VOCAB_MAPPING = "vocab_mapping.pt"
 
 def save_specblock(model: SpecBlockModel, path: str | Path) -> Path:
     """Write config.json + model.safetensors (no embedding) + vocab_mapping.pt into ``path``."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_config_dict()
-    config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.released_state().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    out = write_checkpoint(path, model.config.to_config_dict(), model.released_state(), model.lm_head.weight.dtype)
     torch.save({"d2t": model.d2t.detach().cpu().clone(), "t2d": model.t2d.detach().cpu().clone()}, out / VOCAB_MAPPING)
     return out
 
