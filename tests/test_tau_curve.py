@@ -111,3 +111,33 @@ def test_figure_and_script(synthetic, tmp_path, capsys):
     with pytest.raises(UserError, match="no result row ran a checkpoint"):
         plot_curve(curve_points(pd.DataFrame(rows_for(None, "dflash", [1])))[0], tmp_path / "none.png")
     assert script.main([str(tmp_path / "missing.parquet")]) == 1
+
+
+@pytest.mark.parametrize("family", ["eagle3", "dflash", "jetspec", "treeflash", "specblock"])
+def test_a_training_card_records_the_hash_a_benchmark_row_will_carry(family, tmp_path):
+    """What training writes as ``checkpoint_sha256`` (``checkpoint_hash`` of the folder) is the
+    sha256 the drafter records when it loads the folder, for every learned family and every file its
+    saver writes (SpecBlock's ``vocab_mapping.pt`` included): otherwise the curve cannot join a
+    result row to a card whose weights are gone."""
+    import torch
+
+    from drafters.block.checkpoint import save_block
+    from drafters.eagle3 import save_eagle3
+    from drafters.specblock.checkpoint import save_specblock
+    from specbench.drafter import drafter_class, parse_config
+    from specbench.targets import load_target
+
+    target = load_target("tiny-llama", device="cpu", dtype="float32")
+    cls = drafter_class(family)
+    vocab = ["draft_vocab_size=64"] if family in ("eagle3", "specblock") else []
+    random = cls(target, parse_config(cls.Config, ["path=random", "seed=3", *vocab]))
+    folder = tmp_path / family
+    if family == "eagle3":
+        save_eagle3(random.head.to(torch.float16), folder)
+    elif family == "specblock":
+        save_specblock(random.model.to(torch.float16), folder)
+    else:
+        save_block(random.model.to(torch.float16), folder, family)
+    loaded = cls(target, parse_config(cls.Config, [f"path={folder}"]))
+    assert loaded.checkpoint.sha256 == checkpoint_hash(folder)
+    assert loaded.checkpoint.sha256 != random.checkpoint.sha256

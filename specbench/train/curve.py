@@ -28,7 +28,9 @@ from specbench import report
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "mask_embedding.pt")
+# every file a learned drafter's loader hashes into its CheckpointId (SpecBlock's vocabulary maps included);
+# tests/test_tau_curve.py checks each family's saver + loader against checkpoint_hash
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "mask_embedding.pt", "vocab_mapping.pt")
 POINT_COLUMNS = ["label", "drafter", "task", "tokens", "tau", "rows", "checkpoint"]
 
 
