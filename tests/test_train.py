@@ -265,6 +265,32 @@ def test_training_lowers_loss_and_resume_is_exact(targets, tmp_path):
         train(other, data, data, tmp_path / "resumed", "k")
 
 
+def test_bf16_training_keeps_the_gradient_and_float32_weights(targets, tmp_path):
+    """precision=bf16 runs the TTT unroll and the head's lm_head under bfloat16 autocast: the same
+    float32 weights get nearly the fp32 gradient and the loss stays float32; a wrong precision is refused."""
+    target = targets["tiny-llama"]
+    ids, masks = self_distilled(target, 4)
+    results = {}
+    for precision in ("fp32", "bf16"):
+        training = Eagle3Training(target, Eagle3Recipe(**TINY_RECIPE, precision=precision), ids, masks)
+        data = tokenized_set(target, training, ids, masks, tmp_path / "features")
+        batch = collate(data, list(range(len(ids))))
+        training.module.train()
+        loss, metrics = training.loss(batch)
+        assert loss.dtype == torch.float32
+        loss.backward()
+        g = [p.grad for p in training.module.parameters() if p.grad is not None]
+        assert g and all(x.dtype == torch.float32 and torch.isfinite(x).all() for x in g)
+        assert all(p.dtype == torch.float32 for p in training.module.parameters())
+        results[precision] = (float(loss.detach()), torch.cat([x.flatten() for x in g]).double())
+    (v32, g32), (v16, g16) = results["fp32"], results["bf16"]
+    assert v16 == pytest.approx(v32, rel=2e-2)
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99
+    assert not torch.equal(g16, g32)  # the bfloat16 path really ran
+    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+        Eagle3Recipe(precision="fp16")
+
+
 @pytest.mark.parametrize("name", TARGETS)
 def test_briefly_trained_head_is_lossless_and_accepts(targets, tmp_path, name):
     target = targets[name]

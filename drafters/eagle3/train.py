@@ -59,11 +59,17 @@ class Eagle3Recipe(TrainRecipe):
     # target-regenerated answers: measured at 200k tokens, tau +8% (geometric mean of 5 tasks) over the
     # data sets' own answers (README, "Self-distillation, measured"; sweeps/eagle3_answers.toml)
     regenerate: bool = True
+    # training arithmetic. fp32: everything. bf16: the head's forward (the TTT unroll and its lm_head)
+    # under torch.autocast in bfloat16, with float32 weights, optimizer, norms, softmax and loss, as the
+    # block families' bf16 and upstream (SpecForge trains in bf16) do
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ttt_steps < 1 or self.draft_vocab_size < 1:
             raise ValueError("ttt_steps and draft_vocab_size must be at least 1")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got '{self.precision}'")
 
 
 def ttt_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, keys: list[tuple[Tensor, Tensor]], causal: Tensor) -> Tensor:
@@ -198,7 +204,9 @@ class Eagle3Training(Trainable):
             target_top = target_logits.argmax(-1)  # [B, T] (draft ids)
             in_vocab = head.t2d.to(device)[batch.argmax]  # [B, T]: target's top-1 is in the draft vocab
         steps = self.recipe.ttt_steps
-        outs = ttt_unroll(head, self.embed, batch.tokens, features, steps)
+        amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=self.recipe.precision == "bf16")
+        with amp:
+            outs = ttt_unroll(head, self.embed, batch.tokens, features, steps)
         total = torch.zeros((), device=device)
         metrics: dict[str, tuple[float, float]] = {}
         for i, h in enumerate(outs):
@@ -211,7 +219,9 @@ class Eagle3Training(Trainable):
                 scorable = batch.loss_mask[:, pos + 1] & batch.valid[:, pos + 1] & ok
                 metrics["in_vocab"] = (float(mask.sum()), float(scorable.sum()))
             rows_b, rows_j = mask.nonzero(as_tuple=True)  # the lm_head runs on scored rows only
-            logp = torch.log_softmax(head.draft_logits(h[rows_b, rows_j]).float(), dim=-1)  # [n, Vd]
+            with amp:
+                logits = head.draft_logits(h[rows_b, rows_j])
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [n, Vd]
             at = pos[rows_j]
             ce = -(target_p[rows_b, at] * logp).sum(-1)  # [n]
             n = ce.numel()
