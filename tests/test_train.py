@@ -364,6 +364,7 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     assert set(summary["heldout"]) >= {"acc_0", "acc_1", "acc_2", "loss_0", "in_vocab"}
     assert 0.0 <= summary["heldout"]["in_vocab"] < 1.0  # 64 draft ids cannot cover a random target's greedy tokens
     assert "The draft vocabulary holds the target's greedy token at" in card
+    assert "threads, float32 target, training precision fp32, torch" in card  # the target's dtype and the recipe's arithmetic
     # no path of this machine in what ships: --out as the folder's name, caches as $SPECBENCH_CACHE/...
     from specbench.fetch import cache_root
 

@@ -403,7 +403,8 @@ def training_card(summary: dict) -> str:
             f" Training alone took {secs['train_all_calls'] / 60:.1f} min over all calls, interrupted ones included "
             "(each checkpoint records it; steps an interruption threw away are not counted)."
             if "train_all_calls" in secs else ""),
-        f"- Hardware: {hw.get('device_name')} / {hw.get('cpu_model')}, {hw.get('threads')} threads, {hw.get('dtype')}, "
+        f"- Hardware: {hw.get('device_name')} / {hw.get('cpu_model')}, {hw.get('threads')} threads, {hw.get('dtype')} target"
+        + (f", training precision {job['recipe']['precision']}" if "precision" in job["recipe"] else "") + ", "
         f"torch {hw.get('torch_version')}, transformers {hw.get('transformers_version')}, specbench {hw.get('specbench_sha')}.",
         f"- Optimizer steps: {summary['steps']}; tokens through the model: {summary['tokens_seen']:,}.",
         "",
