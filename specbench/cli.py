@@ -91,6 +91,14 @@ def _fmt(value, digits: int = 3) -> str:
     return str(value)
 
 
+def _lossless_text(summary: dict) -> str:
+    """yes / NO, with the kind of divergence when not lossless (see report.divergence)."""
+    text = _fmt(summary.get("lossless"))
+    if summary.get("lossless") is False and summary.get("divergence") == "near-tie":
+        return "tie (differs only at rounding near-ties)"
+    return text
+
+
 @app.command()
 def run(
     drafter: str = typer.Option("ngram", "--drafter", "-d", help="drafter name (see `specbench drafters`)"),
@@ -162,7 +170,7 @@ def run(
          "paired with ar: ratio of sums | mean of per-prompt ratios"),
         ("e2e speedup", f"{_fmt(summary.get('e2e_speedup_sum'), 2)} | {_fmt(summary.get('e2e_speedup_mean'), 2)}",
          "the same with prefill included"),
-        ("lossless", _fmt(summary.get("lossless")), "greedy outputs equal ar's token for token"),
+        ("lossless", _lossless_text(summary), "greedy outputs equal ar's token for token"),
     ]
     for row in rows:
         table.add_row(*row)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.targets import Target
-from specbench.verify import verify
+from specbench.verify import margins_recorded, verify
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class Generation:
     steps: list[Step] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # greedy on a bf16/fp16 target: per output token, the target's top-2 margin (in ulps of its dtype)
+    # at the decision that produced it, and the runner-up token there (None otherwise)
+    margin_ulps: list[float] | None = None
+    runner_up: list[int] | None = None
 
 
 def _clock(device: torch.device) -> float:
@@ -81,6 +85,9 @@ def generate(
     dev = target.device
     layers = tuple(drafter.feature_layers)
     stop = set(target.stop_token_ids)
+    margin_dtype = target.dtype if sampling.greedy and margins_recorded(target.dtype) else None
+    margins: list[float] | None = [] if margin_dtype is not None else None
+    runners: list[int] | None = [] if margin_dtype is not None else None
     drafter.reset(sampling)
 
     t0 = _clock(dev)
@@ -101,13 +108,17 @@ def generate(
         t_draft = _clock(dev)
         # 2. one target forward over the whole tree; 3. walk it
         out = target.forward_tree(tree, pos, layers)
-        result = verify(tree, out.logits, sampling)
+        result = verify(tree, out.logits, sampling, margin_dtype)
         t_verify = _clock(dev)
         # 4. keep the accepted path's K/V right after the prefix; 5. the drafter's next context
         new_tokens, ctx = advance(target, tree, result, out, pos)
         pos = ctx.pos
         # count tokens the same way for every method: up to and including the first stop token
+        before = len(output)
         done = emit(output, new_tokens, stop, max_new_tokens)
+        if margins is not None and runners is not None:
+            margins += result.margin_ulps[: len(output) - before]
+            runners += result.runner_up[: len(output) - before]
         t_end = _clock(dev)
         # the tree's depth stays on the device until the generation ends (no sync per step)
         depths.append(tree.depth.max() if tree.size > 1 else None)
@@ -130,4 +141,5 @@ def generate(
         values = torch.stack([depths[i].to(dev) for i in deep]).tolist()
         for i, d in zip(deep, values):
             steps[i] = replace(steps[i], tree_depth=int(d))
-    return Generation(output_ids=output, steps=steps, prefill_s=prefill_s, decode_s=t_prev - t_start)
+    return Generation(output_ids=output, steps=steps, prefill_s=prefill_s, decode_s=t_prev - t_start,
+                      margin_ulps=margins, runner_up=runners)

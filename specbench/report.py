@@ -29,6 +29,12 @@ Glossary (one row = one (prompt, turn); one step = one verify forward of the tar
   - ``*_speedup_mean``: mean over pairs of the per-(prompt, turn) throughput ratio.
 * lossless: for greedy (temperature 0) rows with a paired baseline, True iff every paired row's
   ``output_ids`` equal the baseline's; None when there is no greedy pair.
+* divergence: when lossless is False, ``"near-tie"`` if every differing pair first differs at a
+  rounding near-tie of a bf16/fp16 target, else ``"real"`` (:func:`divergence`); None otherwise. A
+  near-tie: at the first differing token each run's token is the other's recorded runner-up and both
+  recorded top-2 margins are at most :data:`NEAR_TIE_ULPS` ulps of the target's dtype. float32 rows
+  record no margins, so a float32 difference is always real. Tables show such a row's lossless cell
+  as ``tie``: not token-for-token equal, and nothing but rounding explains it.
 """
 
 from __future__ import annotations
@@ -176,12 +182,16 @@ def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.Da
     Baseline columns carry the suffix ``_base``. Duplicate keys (a benchmark run twice) keep their
     first row on both sides, so each (prompt, turn) counts once.
     """
-    cols = ["n_new_tokens", "prefill_s", "decode_s", "output_ids"]
+    cols = ["n_new_tokens", "prefill_s", "decode_s", "output_ids", *MARGIN_COLUMNS]
     if baseline is None or df.empty or baseline.empty:
         return pd.DataFrame(columns=PAIR_KEYS + cols + [c + "_base" for c in cols])
-    left = df.drop_duplicates(PAIR_KEYS, keep="first")[PAIR_KEYS + cols]
-    right = baseline.drop_duplicates(PAIR_KEYS, keep="first")[PAIR_KEYS + cols]
-    return left.merge(right, on=PAIR_KEYS, how="inner", suffixes=("", "_base"))
+
+    def side(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.drop_duplicates(PAIR_KEYS, keep="first")
+        missing = [c for c in MARGIN_COLUMNS if c not in frame.columns]  # rows built before they existed
+        return frame.assign(**dict.fromkeys(missing))[PAIR_KEYS + cols]
+
+    return side(df).merge(side(baseline), on=PAIR_KEYS, how="inner", suffixes=("", "_base"))
 
 
 def _speedup(pairs: pd.DataFrame, time_cols: list[str]) -> tuple[float, float]:
@@ -223,6 +233,41 @@ def lossless(pairs: pd.DataFrame) -> bool | None:
     )
 
 
+MARGIN_COLUMNS = ["margin_ulps_per_token", "runner_up_per_token"]
+# the widest top-2 gap, in ulps of the target's dtype, that still counts as a rounding near-tie
+NEAR_TIE_ULPS = 4.0
+
+
+def _near_tie(row: Any, max_ulps: float) -> bool:
+    """Whether one differing greedy pair first differs at a near-tie (see the module docstring)."""
+    out, base = np.asarray(row.output_ids, dtype=np.int64), np.asarray(row.output_ids_base, dtype=np.int64)
+    n = min(len(out), len(base))
+    differ = np.flatnonzero(out[:n] != base[:n])
+    if not differ.size:  # one output is a prefix of the other: a real difference
+        return False
+    i = int(differ[0])
+    sides = []
+    for suffix in ("", "_base"):
+        margins, runners = getattr(row, "margin_ulps_per_token" + suffix), getattr(row, "runner_up_per_token" + suffix)
+        if _missing(margins) or _missing(runners) or len(margins) <= i or len(runners) <= i:
+            return False
+        sides.append((float(margins[i]), int(runners[i])))
+    (m_out, r_out), (m_base, r_base) = sides
+    return r_out == base[i] and r_base == out[i] and max(m_out, m_base) <= max_ulps
+
+
+def divergence(pairs: pd.DataFrame, max_ulps: float = NEAR_TIE_ULPS) -> str | None:
+    """``"near-tie"`` or ``"real"`` when some greedy pair's outputs differ (module docstring), else None."""
+    greedy = pairs[pairs["temperature"].astype(float) == 0.0] if not pairs.empty else pairs
+    differing = [
+        row for row in greedy.itertuples(index=False)
+        if not np.array_equal(np.asarray(row.output_ids, dtype=np.int64), np.asarray(row.output_ids_base, dtype=np.int64))
+    ]
+    if not differing:
+        return None
+    return "near-tie" if all(_near_tie(row, max_ulps) for row in differing) else "real"
+
+
 # --------------------------------------------------------------------------------------------
 # compare
 
@@ -258,6 +303,7 @@ def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, .
         "draft_share",
         *_SPEEDUP_KEYS,
         "lossless",
+        "divergence",
         *(["cpu_shared"] if load else []),
     ]
 
@@ -393,6 +439,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
                 "draft_share": draft_share(group),
                 **speedups(pairs),
                 "lossless": lossless(pairs),
+                "divergence": divergence(pairs),
                 **load,
                 "_ckpt": fields["_ckpt"],
             }
@@ -414,6 +461,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     columns = compare_columns(n_depths, with_checkpoint, varying, with_load)
     out = pd.DataFrame.from_records(records, columns=columns)
     out["lossless"] = out["lossless"].astype(object)
+    out["divergence"] = out["divergence"].astype(object).where(out["divergence"].notna(), None)
     if with_load:
         out["cpu_shared"] = out["cpu_shared"].astype(object).where(out["cpu_shared"].notna(), None)
     for column in CHECKPOINT_COLUMNS if with_checkpoint else []:  # None, not NaN, where unknown
@@ -722,6 +770,8 @@ def select_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
         for field in (_depth_columns(df) if column == ACCEPT else [column]):
             if field not in fields:
                 fields.append(field)
+    if "lossless" in fields and "divergence" in df.columns and "divergence" not in fields:
+        fields.insert(fields.index("lossless") + 1, "divergence")  # lossless is read with its divergence
     out = df[fields]
     out.attrs = dict(df.attrs)
     return out
@@ -746,7 +796,16 @@ def _header(df: pd.DataFrame, column: str) -> str:
     return TABLE_HEADERS.get(column, column)
 
 
+def _lossless_cells(df: pd.DataFrame) -> list[str]:
+    """The lossless column as shown: yes / NO, and ``tie`` where every difference is a near-tie."""
+    kinds = df["divergence"] if "divergence" in df.columns else [None] * len(df)
+    return ["tie" if _plain(v) is False and kind == "near-tie" else _cell("lossless", v)
+            for v, kind in zip(df["lossless"], kinds)]
+
+
 def _cells(df: pd.DataFrame, column: str) -> list[str]:
+    if column == "lossless":
+        return _lossless_cells(df)
     if column == ACCEPT:
         depth = _depth_columns(df)
         return [_accept_cell(list(row)) for row in df[depth].itertuples(index=False)] if depth else ["-"] * len(df)
@@ -918,8 +977,10 @@ def _markdown(df: pd.DataFrame) -> str:
         "| " + " | ".join(escape(str(c)) for c in df.columns) + " |",
         "|" + "|".join("---:" if _numeric(str(c)) else ":---" for c in df.columns) + "|",
     ]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(escape(_cell(str(c), v)) for c, v in zip(df.columns, row)) + " |")
+    shown = _lossless_cells(df) if "lossless" in df.columns else []
+    for i, row in enumerate(df.itertuples(index=False)):
+        cells = [shown[i] if str(c) == "lossless" else _cell(str(c), v) for c, v in zip(df.columns, row)]
+        lines.append("| " + " | ".join(escape(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -994,7 +1055,7 @@ def run_summary(
 
     Keys: n_prompts, tau_micro, tau_macro, acceptance_rate, draft_share, tokens_per_s,
     drafter_forwards_per_step, decode_speedup_sum/mean, e2e_speedup_sum/mean, n_paired, lossless,
-    load_max (the highest 1-minute load average after a prompt, run and baseline) and cpu_shared
+    divergence, load_max (the highest 1-minute load average after a prompt, run and baseline) and cpu_shared
     (:func:`cpu_shared`: other processes competed for the CPU, so the timings are suspect).
     """
     df = rows_df if isinstance(rows_df, pd.DataFrame) else pd.DataFrame(rows_df)
@@ -1002,7 +1063,7 @@ def run_summary(
         summary: dict[str, Any] = {"n_prompts": 0, "tau_micro": None, "tau_macro": None}
         summary.update(dict.fromkeys(["acceptance_rate", "draft_share", "tokens_per_s"]))
         summary.update(dict.fromkeys(["drafter_forwards_per_step", *_SPEEDUP_KEYS]))
-        summary.update({"n_paired": 0, "lossless": None, "load_max": None, "cpu_shared": None})
+        summary.update({"n_paired": 0, "lossless": None, "divergence": None, "load_max": None, "cpu_shared": None})
         return summary
     pairs = pair_with_baseline(df, baseline_df)
     summary = {
@@ -1016,6 +1077,7 @@ def run_summary(
         **speedups(pairs),
         "n_paired": int(len(pairs)),
         "lossless": lossless(pairs),
+        "divergence": divergence(pairs),
     }
     peak, threads = _load_peak(df, baseline_df)
     summary.update({"load_max": peak, "cpu_shared": cpu_shared(peak, threads)})

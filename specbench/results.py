@@ -75,6 +75,11 @@ _ROW_SCHEMA: list[tuple[str, pa.DataType]] = [
     # the 1-minute load average just after the row's decode (None where the platform has none): a
     # load above this process's threads means other processes shared the CPU while it was timed
     ("load_1min", pa.float64()),
+    # greedy on a bf16/fp16 target (None otherwise): per output token, the gap between the target's two
+    # best logits at the decision that produced it, in ulps of the target's dtype, and the runner-up
+    # token there. They tell a rounding near-tie from a real divergence (report.divergence).
+    ("margin_ulps_per_token", pa.list_(pa.float32())),
+    ("runner_up_per_token", pa.list_(pa.int64())),
 ]
 
 ROW_COLUMNS: list[str] = [name for name, _ in _ROW_SCHEMA]
@@ -201,7 +206,11 @@ def _rows_to_table(rows: list[dict]) -> pa.Table:
 
 
 # columns added after schema version 1 was first written: older files lack them (read as null)
-OPTIONAL_COLUMNS = ("checkpoint_path", "load_1min")
+# what a row given to the writer may leave out
+_WRITER_DEFAULTS = {"schema_version": SCHEMA_VERSION, "load_1min": None, "margin_ulps_per_token": None,
+                    "runner_up_per_token": None}
+# columns that older files lack (read as None)
+OPTIONAL_COLUMNS = ("checkpoint_path", "load_1min", "margin_ulps_per_token", "runner_up_per_token")
 
 
 def _check_columns(table: pa.Table, path: Path, fix: str) -> None:
@@ -365,12 +374,12 @@ class RunWriter:
             return
         prepared = []
         for row in rows:
-            missing = [c for c in ROW_COLUMNS if c not in row and c not in ("schema_version", "load_1min")]
+            missing = [c for c in ROW_COLUMNS if c not in row and c not in _WRITER_DEFAULTS]
             if missing:
                 raise ValueError(f"result row lacks {', '.join(missing)}")
             row = dict(row)
-            row.setdefault("schema_version", SCHEMA_VERSION)
-            row.setdefault("load_1min", None)  # a writer on a platform without a load average
+            for key, value in _WRITER_DEFAULTS.items():  # load_1min: a platform without a load average
+                row.setdefault(key, value)
             prepared.append(row)
         batch, size = self._batches, len(prepared)
         payload = b"".join(

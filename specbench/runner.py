@@ -180,6 +180,8 @@ class _Session:
             "verify_s": sum(s.verify_s for s in steps),
             "other_s": sum(s.other_s for s in steps),
             "load_1min": results.load_average(),
+            "margin_ulps_per_token": gen.margin_ulps,
+            "runner_up_per_token": gen.runner_up,
             # the drafter's own decision records since the previous row (warm-up's go to the first row)
             **({} if (log := self.drafter.take_log()) is None else {"drafter_log": json.dumps(log, sort_keys=True)}),
         }

@@ -41,6 +41,11 @@ class VerifyResult:
     bonus: int  # the token drawn at the last accepted node
     # the tokens of the accepted drafts (path[1:]) when the verifier already has them on the host
     tokens: list[int] | None = field(default=None, compare=False)
+    # greedy with a reduced-precision target only (see :func:`verify_greedy`): at each path node, in
+    # path order, the gap between the target's two best logits in ulps of the target's dtype, and the
+    # second-best token. Entry j belongs to the decision that committed token j (accepted or bonus).
+    margin_ulps: list[float] | None = field(default=None, compare=False)
+    runner_up: list[int] | None = field(default=None, compare=False)
 
 
 def target_probs(logits: Tensor, sampling: Sampling) -> Tensor:
@@ -63,20 +68,48 @@ def target_probs(logits: Tensor, sampling: Sampling) -> Tensor:
     return torch.softmax(scaled, dim=-1)
 
 
-def verify(tree: DraftTree, logits: Tensor, sampling: Sampling) -> VerifyResult:
-    """Accepted path and bonus token for ``tree`` given the target ``logits`` [N, V] at its nodes."""
+# mantissa bits of the dtypes whose rounding can reorder two nearly equal logits
+_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+
+
+def margins_recorded(dtype: torch.dtype) -> bool:
+    """Whether greedy verification records top-2 margins for a target of ``dtype`` (bf16, fp16)."""
+    return dtype in _MANTISSA_BITS
+
+
+def verify(tree: DraftTree, logits: Tensor, sampling: Sampling, margin_dtype: torch.dtype | None = None) -> VerifyResult:
+    """Accepted path and bonus token for ``tree`` given the target ``logits`` [N, V] at its nodes.
+
+    ``margin_dtype`` (greedy only): the target's dtype when it is bf16 or fp16; the result then also
+    carries each decision's top-2 margin in that dtype's ulps and its runner-up token.
+    """
     if sampling.greedy:
-        return verify_greedy(tree, logits)
+        return verify_greedy(tree, logits, margin_dtype)
     return verify_sampling(tree, logits, sampling)
 
 
-def verify_greedy(tree: DraftTree, logits: Tensor) -> VerifyResult:
+def top2_margins(logits: Tensor, choice: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Per row of ``logits`` [N, V]: the gap between the two best logits in ulps of ``dtype`` at the best
+    one's magnitude, and the second-best token (the best of the rest when ``choice`` is tied)."""
+    top = logits.float().topk(2, dim=-1)
+    best, second = top.values.unbind(-1)
+    runner_up = torch.where(top.indices[:, 0] == choice, top.indices[:, 1], top.indices[:, 0])
+    ulp = torch.exp2(torch.floor(torch.log2(best.abs().clamp(min=1e-30))) - _MANTISSA_BITS[dtype])
+    return (best - second) / ulp, runner_up
+
+
+def verify_greedy(tree: DraftTree, logits: Tensor, margin_dtype: torch.dtype | None = None) -> VerifyResult:
     """The greedy walk, vectorised: no per-node Python loop and one device-to-host transfer.
 
     Node i (not the root) *matches* when its token is the target's argmax at its parent and no
     earlier sibling holds the same token (the walk takes the first such child). Then at most one
     child of any node matches, and the accepted path is exactly the set of nodes whose every
     ancestor-or-self matches (the root always does); the bonus is the argmax at its deepest node.
+
+    With ``margin_dtype`` (bf16 or fp16) it also returns, for each path node, the top-2 margin in
+    that dtype's ulps and the runner-up token (:func:`top2_margins`), with a second small transfer. A
+    reduced-precision forward over a different batch shape can round a near-tie either way, and
+    these let ``specbench compare`` tell such a divergence from a real one.
     """
     choice = logits.argmax(dim=-1)  # [N] the target's token after each node
     tokens = tree.tokens
@@ -92,10 +125,18 @@ def verify_greedy(tree: DraftTree, logits: Tensor) -> VerifyResult:
     on_path = ~(tree.ancestors.to(tokens.device) & ~match[None, :]).any(dim=1)
     order = torch.where(on_path, idx, idx + n).argsort()  # the path's nodes first, root first
     length = on_path.sum().view(1)
-    host = torch.cat([length, order, tokens[order], choice[order]]).tolist()  # the one transfer
+    if margin_dtype is None:
+        host = torch.cat([length, order, tokens[order], choice[order]]).tolist()  # the one transfer
+        k = host[0]
+        return VerifyResult(path=host[1 : 1 + k], bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k])
+    margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice, margin_dtype))
+    # still one transfer: token ids are exact in float64
+    ids = torch.cat([length, order, tokens[order], choice[order], runner[order]]).double()
+    flat = torch.cat([ids, margin[order].double()]).tolist()
+    host = [int(v) for v in flat[: 1 + 4 * n]]
     k = host[0]
-    path = host[1 : 1 + k]
-    return VerifyResult(path=path, bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k])
+    return VerifyResult(path=host[1 : 1 + k], bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k],
+                        margin_ulps=flat[1 + 4 * n : 1 + 4 * n + k], runner_up=host[1 + 3 * n : 1 + 3 * n + k])
 
 
 def verify_greedy_walk(tree: DraftTree, logits: Tensor) -> VerifyResult:

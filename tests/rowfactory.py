@@ -48,6 +48,8 @@ def synthetic_row(prompt_id: str, turn: int, accepted: list[int], **overrides) -
         "specbench_sha": "abc1234",
         "schema_version": SCHEMA_VERSION,
         "load_1min": 0.5,
+        "margin_ulps_per_token": None,
+        "runner_up_per_token": None,
     }
     row.update(overrides)
     return row

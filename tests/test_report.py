@@ -167,6 +167,73 @@ def test_lossless_false_and_none():
     assert len(other_seed) == 0 and lossless(other_seed) is None
 
 
+def _bf16_pair(ar_out, dr_out, ar_margins, dr_margins, ar_runners, dr_runners):
+    base = ar_row("p0", n_new=len(ar_out), output_ids=ar_out, dtype="bfloat16",
+                  margin_ulps_per_token=ar_margins, runner_up_per_token=ar_runners)
+    mine = make_row("p0", accepted=[len(dr_out) - 1], output_ids=dr_out, dtype="bfloat16",
+                    margin_ulps_per_token=dr_margins, runner_up_per_token=dr_runners)
+    return pair_with_baseline(frame(mine), frame(base))
+
+
+def test_divergence_tells_a_rounding_near_tie_from_a_real_one():
+    # token 2 differs: ar took 7 with runner-up 8, the drafter run took 8 with runner-up 7, both 1.5 ulps apart
+    tie = _bf16_pair([1, 2, 7, 9], [1, 2, 8, 3], [40.0, 30.0, 1.5, 9.0], [40.0, 30.0, 1.5, 2.0],
+                     [5, 6, 8, 4], [5, 6, 7, 4])
+    assert lossless(tie) is False and report.divergence(tie) == "near-tie"
+    # the same swap with a wide margin on one side is a real divergence
+    wide = _bf16_pair([1, 2, 7, 9], [1, 2, 8, 3], [40.0, 30.0, 12.0, 9.0], [40.0, 30.0, 1.5, 2.0],
+                      [5, 6, 8, 4], [5, 6, 7, 4])
+    assert report.divergence(wide) == "real"
+    assert report.divergence(wide, max_ulps=16.0) == "near-tie"
+    # a small margin, but the drafter run's token is not ar's runner-up
+    other = _bf16_pair([1, 2, 7, 9], [1, 2, 8, 3], [40.0, 30.0, 1.0, 9.0], [40.0, 30.0, 1.0, 2.0],
+                       [5, 6, 11, 4], [5, 6, 7, 4])
+    assert report.divergence(other) == "real"
+    # one output a prefix of the other (a stop token taken or not) is never a tie
+    prefix = _bf16_pair([1, 2, 7], [1, 2, 7, 4], [1.0] * 3, [1.0] * 4, [5] * 3, [5] * 4)
+    assert lossless(prefix) is False and report.divergence(prefix) == "real"
+    # float32 rows record no margins: any difference is real
+    f32 = pair_with_baseline(frame(make_row("p0", accepted=[2, 2], output_ids=[100, 101, 102, 103, 104, 999])),
+                             frame(ar_row("p0", n_new=6)))
+    assert lossless(f32) is False and report.divergence(f32) == "real"
+    # equal outputs: nothing to classify
+    same = _bf16_pair([1, 2, 7], [1, 2, 7], [1.0] * 3, [1.0] * 3, [5] * 3, [5] * 3)
+    assert lossless(same) is True and report.divergence(same) is None
+
+
+def test_compare_shows_a_near_tie_as_tie_and_a_real_divergence_as_no(tmp_path):
+    rows = [
+        ar_row("p0", n_new=4, output_ids=[1, 2, 7, 9], dtype="bfloat16", margin_ulps_per_token=[9.0, 9.0, 1.0, 9.0],
+               runner_up_per_token=[5, 6, 8, 4]),
+        make_row("p0", accepted=[3], output_ids=[1, 2, 8, 3], dtype="bfloat16", margin_ulps_per_token=[9.0, 9.0, 1.0, 9.0],
+                 runner_up_per_token=[5, 6, 7, 4]),
+        make_row("p0", accepted=[3], output_ids=[1, 2, 5, 3], dtype="bfloat16", drafter="dflash", drafter_config="{}",
+                 margin_ulps_per_token=[9.0, 9.0, 1.0, 9.0], runner_up_per_token=[5, 6, 7, 4]),
+    ]
+    out = compare(frame(*rows))
+    by = out.set_index("drafter")
+    assert by.loc["eagle3", "lossless"] is False and by.loc["eagle3", "divergence"] == "near-tie"
+    assert by.loc["dflash", "lossless"] is False and by.loc["dflash", "divergence"] == "real"
+    assert by.loc["ar", "divergence"] is None
+    md = report.format_compare(out, "markdown", columns=["drafter", "lossless"])
+    lines = {line.split("|")[1].strip(): line for line in md.splitlines()[2:]}
+    assert "| tie | near-tie |" in lines["eagle3"] and "| NO | real |" in lines["dflash"]
+    table = report.format_compare(out, "table", width=200, columns=["drafter", "lossless"])
+    assert any("eagle3" in line and "tie" in line for line in table.splitlines())
+    assert any("dflash" in line and "NO" in line for line in table.splitlines())
+    # results files round-trip the two columns; a file without them reads as None
+    write(tmp_path / "r.parquet", [rows[1]])
+    write(tmp_path / "old.parquet", [make_row("p1")])
+    import pyarrow.parquet as pq  # a file from before the two columns existed
+
+    old = pq.read_table(tmp_path / "old.parquet")
+    pq.write_table(old.drop_columns(["margin_ulps_per_token", "runner_up_per_token"]), tmp_path / "old.parquet")
+    back = report.read_results([tmp_path / "r.parquet", tmp_path / "old.parquet"])
+    assert list(back["margin_ulps_per_token"][0]) == [9.0, 9.0, 1.0, 9.0]
+    assert list(back["runner_up_per_token"][0]) == [5, 6, 7, 4]
+    assert back["margin_ulps_per_token"][1] is None and back["runner_up_per_token"][1] is None
+
+
 def test_pairs_never_cross_devices():
     df = frame(ar_row("p0", n_new=6), make_row("p0", accepted=[2, 2], device="cuda", device_name="GPU"))
     pairs = pair_with_baseline(df[df["drafter"] != "ar"], df[df["drafter"] == "ar"])
@@ -466,7 +533,7 @@ def test_sort_and_columns_by_name():
     assert parse_columns(out, "task, prompts,accept,draft") == ["task", "n_prompts", report.ACCEPT, "draft_share"]
     with pytest.raises(UserError, match=r"unknown column 'speed' for --sort; valid columns: target, task, .*tau"):
         sort_compare(out, "speed")
-    with pytest.raises(UserError, match=r"unknown column 'nope' for --columns; valid columns: .*lossless, cpu_shared, accept"):
+    with pytest.raises(UserError, match=r"unknown column 'nope' for --columns; valid columns: .*lossless, divergence, cpu_shared, accept"):
         parse_columns(out, "task,nope")
 
 

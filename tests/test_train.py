@@ -287,7 +287,7 @@ def test_bf16_training_keeps_the_gradient_and_float32_weights(targets, tmp_path)
     assert v16 == pytest.approx(v32, rel=2e-2)
     assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99
     assert not torch.equal(g16, g32)  # the bfloat16 path really ran
-    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
         Eagle3Recipe(precision="fp16")
 
 

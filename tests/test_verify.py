@@ -13,7 +13,7 @@ from scipy import stats
 
 from specbench.drafter import Sampling
 from specbench.tree import DraftTree, children_lists
-from specbench.verify import VerifyResult, target_probs, verify, verify_greedy, verify_sampling
+from specbench.verify import VerifyResult, target_probs, top2_margins, verify, verify_greedy, verify_sampling
 
 P_MIN = 1e-3  # a correct sampler fails a chi-square test at this level once in a thousand seeds
 
@@ -66,6 +66,39 @@ def test_greedy_duplicate_siblings_take_the_first():
 def test_greedy_root_only():
     tree = DraftTree(tokens=T([4]), parents=T([-1]))
     assert verify(tree, onehot_logits(1, 7, [5]), Sampling(temperature=0.0)) == VerifyResult(path=[0], bonus=5)
+
+
+def test_greedy_margins_in_ulps_of_the_target_dtype():
+    # root (tok 5) -> node 1 (tok 2); the target picks 2 at the root and 4 at node 1
+    tree = DraftTree(tokens=T([5, 2]), parents=T([-1, 0]))
+    logits = torch.full((2, 9), -3.0)
+    logits[0, 2], logits[0, 7] = 8.0, 7.875  # bf16 ulp at 8 is 2**(3 - 7) = 1/16: a 2-ulp gap, runner-up 7
+    logits[1, 4], logits[1, 1] = 3.0, 2.0  # ulp at 3 is 2**(1 - 7) = 1/64: a 64-ulp gap, runner-up 1
+    res = verify_greedy(tree, logits, torch.bfloat16)
+    assert res == VerifyResult(path=[0, 1], bonus=4)  # the walk itself is unchanged
+    assert res.margin_ulps == pytest.approx([2.0, 64.0]) and res.runner_up == [7, 1]
+    # fp16 has 10 mantissa bits: the same gaps are 8x as many ulps
+    assert verify_greedy(tree, logits, torch.float16).margin_ulps == pytest.approx([16.0, 512.0])
+    plain = verify(tree, logits, Sampling())
+    assert plain == res and plain.margin_ulps is None and plain.runner_up is None
+    # an exact tie: zero ulps, and the runner-up is the tied token the argmax did not take
+    tied = logits.clone()
+    tied[0, 7] = 8.0
+    margins, runners = top2_margins(tied, tied.argmax(dim=-1), torch.bfloat16)
+    assert float(margins[0]) == 0.0 and int(runners[0]) == 7 and int(tied[0].argmax()) == 2
+
+
+def test_greedy_with_margins_walks_like_the_plain_verifier():
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 5, 17):
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+        tree = DraftTree(tokens=torch.randint(0, 6, (n,), generator=g), parents=parents)
+        logits = torch.randn(n, 6, generator=g)
+        a, b = verify_greedy(tree, logits), verify_greedy(tree, logits, torch.bfloat16)
+        assert (a.path, a.bonus, a.tokens) == (b.path, b.bonus, b.tokens)
+        assert len(b.margin_ulps) == len(b.runner_up) == len(b.path)
+        choice = logits.argmax(-1)
+        assert all(r != int(choice[i]) for r, i in zip(b.runner_up, b.path))
 
 
 # --------------------------------------------------------------------------- target_probs

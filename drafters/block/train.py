@@ -66,6 +66,7 @@ from drafters.block.model import (
 )
 from specbench.errors import UserError
 from drafters.common.loading import shipped_checkpoint
+from drafters.common.precision import bf16_autocast, check_precision
 from drafters.common.vocab import draft_vocabulary
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
 
@@ -107,8 +108,7 @@ class BlockRecipe(TrainRecipe):
             raise ValueError("anchor_chunk and logit_chunk must be at least 1, anchors_per_sequence >= 0 (0 = all)")
         if self.draft_vocab_size < 0:
             raise ValueError("draft_vocab_size must be >= 0 (0 = the target's vocabulary)")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
+        check_precision(self.precision, PRECISIONS)
 
     @property
     def decay(self) -> float:
@@ -309,7 +309,7 @@ class BlockTraining(Trainable):
 
     def amp(self, device) -> torch.autocast:
         """The drafter's forward under bfloat16 autocast when the recipe's precision is bf16 (else a no-op)."""
-        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=self.recipe.precision == "bf16")
+        return bf16_autocast(device, self.recipe.precision == "bf16")
 
     def target_logp(self, final_states: Tensor) -> Tensor:
         """The target's own log-probs [n, Vd] from its cached final normed states [n, H]."""

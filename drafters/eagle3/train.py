@@ -43,9 +43,12 @@ from torch import Tensor, nn
 
 from drafters.eagle3.checkpoint import save_eagle3
 from drafters.common.nn import rotate_half
+from drafters.common.precision import bf16_autocast, check_precision
 from drafters.common.vocab import draft_vocabulary
 from drafters.eagle3.model import Eagle3Head, Eagle3HeadConfig, default_feature_layers, new_cache
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
+
+PRECISIONS = ("fp32", "bf16")  # the recipe's precision (drafters.common.precision)
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,7 @@ class Eagle3Recipe(TrainRecipe):
         super().__post_init__()
         if self.ttt_steps < 1 or self.draft_vocab_size < 1:
             raise ValueError("ttt_steps and draft_vocab_size must be at least 1")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, got '{self.precision}'")
+        check_precision(self.precision, PRECISIONS)
 
 
 def ttt_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, keys: list[tuple[Tensor, Tensor]], causal: Tensor) -> Tensor:
@@ -204,7 +206,7 @@ class Eagle3Training(Trainable):
             target_top = target_logits.argmax(-1)  # [B, T] (draft ids)
             in_vocab = head.t2d.to(device)[batch.argmax]  # [B, T]: target's top-1 is in the draft vocab
         steps = self.recipe.ttt_steps
-        amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=self.recipe.precision == "bf16")
+        amp = bf16_autocast(device, self.recipe.precision == "bf16")
         with amp:
             outs = ttt_unroll(head, self.embed, batch.tokens, features, steps)
         total = torch.zeros((), device=device)
