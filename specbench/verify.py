@@ -107,7 +107,7 @@ def verify_greedy(tree: DraftTree, logits: Tensor, margin_dtype: torch.dtype | N
     ancestor-or-self matches (the root always does); the bonus is the argmax at its deepest node.
 
     With ``margin_dtype`` (bf16 or fp16) it also returns, for each path node, the top-2 margin in
-    that dtype's ulps and the runner-up token (:func:`top2_margins`), with a second small transfer. A
+    that dtype's ulps and the runner-up token (:func:`top2_margins`), in the same one transfer. A
     reduced-precision forward over a different batch shape can round a near-tie either way, and
     these let ``specbench compare`` tell such a divergence from a real one.
     """
@@ -129,7 +129,7 @@ def verify_greedy(tree: DraftTree, logits: Tensor, margin_dtype: torch.dtype | N
         host = torch.cat([length, order, tokens[order], choice[order]]).tolist()  # the one transfer
         k = host[0]
         return VerifyResult(path=host[1 : 1 + k], bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k])
-    margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice, margin_dtype))
+    margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice.to(logits.device), margin_dtype))
     # still one transfer: token ids are exact in float64
     ids = torch.cat([length, order, tokens[order], choice[order], runner[order]]).double()
     flat = torch.cat([ids, margin[order].double()]).tolist()
