@@ -92,11 +92,11 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def _lossless_text(summary: dict) -> str:
-    """yes / NO, with the kind of divergence when not lossless (see report.divergence)."""
-    text = _fmt(summary.get("lossless"))
-    if summary.get("lossless") is False and summary.get("divergence") == "near-tie":
-        return "tie (differs only at rounding near-ties)"
-    return text
+    """report.lossless_label, with what ``tie`` means spelled out."""
+    from specbench import report
+
+    label = report.lossless_label(summary.get("lossless"), summary.get("divergence"))
+    return "tie (differs only at rounding near-ties)" if label == "tie" else label
 
 
 @app.command()

@@ -222,15 +222,20 @@ def speedups(pairs: pd.DataFrame) -> dict[str, float]:
     }
 
 
+def _greedy(pairs: pd.DataFrame) -> pd.DataFrame:
+    return pairs[pairs["temperature"].astype(float) == 0.0] if not pairs.empty else pairs
+
+
+def _same_output(a: Any, b: Any) -> bool:
+    return np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+
+
 def lossless(pairs: pd.DataFrame) -> bool | None:
     """True iff every greedy pair has identical output_ids; None when there is no greedy pair."""
-    greedy = pairs[pairs["temperature"].astype(float) == 0.0] if not pairs.empty else pairs
+    greedy = _greedy(pairs)
     if greedy.empty:
         return None
-    return all(
-        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-        for a, b in zip(greedy["output_ids"], greedy["output_ids_base"])
-    )
+    return all(_same_output(a, b) for a, b in zip(greedy["output_ids"], greedy["output_ids_base"]))
 
 
 MARGIN_COLUMNS = ["margin_ulps_per_token", "runner_up_per_token"]
@@ -258,11 +263,7 @@ def _near_tie(row: Any, max_ulps: float) -> bool:
 
 def divergence(pairs: pd.DataFrame, max_ulps: float = NEAR_TIE_ULPS) -> str | None:
     """``"near-tie"`` or ``"real"`` when some greedy pair's outputs differ (module docstring), else None."""
-    greedy = pairs[pairs["temperature"].astype(float) == 0.0] if not pairs.empty else pairs
-    differing = [
-        row for row in greedy.itertuples(index=False)
-        if not np.array_equal(np.asarray(row.output_ids, dtype=np.int64), np.asarray(row.output_ids_base, dtype=np.int64))
-    ]
+    differing = [row for row in _greedy(pairs).itertuples(index=False) if not _same_output(row.output_ids, row.output_ids_base)]
     if not differing:
         return None
     return "near-tie" if all(_near_tie(row, max_ulps) for row in differing) else "real"
@@ -796,11 +797,15 @@ def _header(df: pd.DataFrame, column: str) -> str:
     return TABLE_HEADERS.get(column, column)
 
 
+def lossless_label(value: Any, kind: Any) -> str:
+    """A lossless value as shown: yes / NO / -, and ``tie`` where its divergence is only near-ties."""
+    return "tie" if _plain(value) is False and kind == "near-tie" else _cell("lossless", value)
+
+
 def _lossless_cells(df: pd.DataFrame) -> list[str]:
-    """The lossless column as shown: yes / NO, and ``tie`` where every difference is a near-tie."""
+    """The lossless column as shown (:func:`lossless_label`), reading the divergence column when present."""
     kinds = df["divergence"] if "divergence" in df.columns else [None] * len(df)
-    return ["tie" if _plain(v) is False and kind == "near-tie" else _cell("lossless", v)
-            for v, kind in zip(df["lossless"], kinds)]
+    return [lossless_label(v, kind) for v, kind in zip(df["lossless"], kinds)]
 
 
 def _cells(df: pd.DataFrame, column: str) -> list[str]:

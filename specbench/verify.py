@@ -125,18 +125,19 @@ def verify_greedy(tree: DraftTree, logits: Tensor, margin_dtype: torch.dtype | N
     on_path = ~(tree.ancestors.to(tokens.device) & ~match[None, :]).any(dim=1)
     order = torch.where(on_path, idx, idx + n).argsort()  # the path's nodes first, root first
     length = on_path.sum().view(1)
+    parts = [length, order, tokens[order], choice[order]]
+    margins = None
     if margin_dtype is None:
-        host = torch.cat([length, order, tokens[order], choice[order]]).tolist()  # the one transfer
-        k = host[0]
-        return VerifyResult(path=host[1 : 1 + k], bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k])
-    margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice.to(logits.device), margin_dtype))
-    # still one transfer: token ids are exact in float64
-    ids = torch.cat([length, order, tokens[order], choice[order], runner[order]]).double()
-    flat = torch.cat([ids, margin[order].double()]).tolist()
-    host = [int(v) for v in flat[: 1 + 4 * n]]
+        host = torch.cat(parts).tolist()  # the one transfer
+    else:
+        margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice.to(logits.device), margin_dtype))
+        # still one transfer: token ids are exact in float64
+        flat = torch.cat([torch.cat([*parts, runner[order]]).double(), margin[order].double()]).tolist()
+        host, margins = [int(v) for v in flat[: 1 + 4 * n]], flat[1 + 4 * n :]
     k = host[0]
     return VerifyResult(path=host[1 : 1 + k], bonus=host[1 + 2 * n + k - 1], tokens=host[1 + n + 1 : 1 + n + k],
-                        margin_ulps=flat[1 + 4 * n : 1 + 4 * n + k], runner_up=host[1 + 3 * n : 1 + 3 * n + k])
+                        margin_ulps=None if margins is None else margins[:k],
+                        runner_up=None if margins is None else host[1 + 3 * n : 1 + 3 * n + k])
 
 
 def verify_greedy_walk(tree: DraftTree, logits: Tensor) -> VerifyResult:
