@@ -122,3 +122,24 @@ def test_export_script(target, ds, tmp_path, capsys):
     regenerate(ds, target, tmp_path / "a", 20, 256, CFG)
     assert script.main(args) == 0
     assert shipped_path(target, CFG, tmp_path / "out").exists()
+
+
+def test_digest_ignores_where_the_model_was_loaded_from(tmp_path):
+    """The same weights in two cache folders (a fresh machine's cache is elsewhere) are one target: the
+    shipped answers and the feature caches must apply to both. A changed weight is another target."""
+    from specbench.targets import Target
+    from specbench.train.regenerate import target_digest
+
+    tiny = load_target("tiny-llama", device="cpu", dtype="float32")
+    loaded = []
+    for where in ("a", "b"):
+        tiny.model.save_pretrained(tmp_path / where)
+        tiny.tokenizer.save_pretrained(tmp_path / where)
+        t = load_target(str(tmp_path / where), device="cpu", dtype="float32")
+        assert t.model.config._name_or_path == str(tmp_path / where)  # the path is on the config, and differs
+        loaded.append(Target("tiny-llama", t.model, t.tokenizer, t.stop_token_ids))
+    assert target_digest(loaded[0]) == target_digest(loaded[1])
+    assert shipped_path(loaded[0], CFG) == shipped_path(loaded[1], CFG)
+    with __import__("torch").no_grad():
+        next(loaded[1].model.parameters()).flatten()[0] += 1.0
+    assert target_digest(loaded[0]) != target_digest(loaded[1])

@@ -80,11 +80,17 @@ class RegenStats:
     n_unfinished: int  # answers in the returned set cut by max_new_tokens
 
 
+_PATH_KEYS = ("_name_or_path", "_commit_hash")
+
+
 def target_digest(target) -> str:
     """Identity of a target for caches: name, config, tokenizer and a sample of its weights."""
     h = hashlib.sha256()
     h.update(target.name.encode())
-    h.update(target.model.config.to_json_string(use_diff=False).encode())
+    config = target.model.config.to_dict()
+    for where in _PATH_KEYS:  # where the model was loaded from is not what it is: a cache's location must not matter
+        config.pop(where, None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(tokenizer_digest(target.tokenizer).encode())
     with torch.no_grad():
         for _, p in list(target.model.named_parameters())[:4]:  # enough to tell two weight sets apart
