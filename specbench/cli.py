@@ -231,8 +231,9 @@ def compare(
         typer.echo(report.compare_view(frame, out_console.width, wide=wide, columns=chosen).text(), nl=False)
     else:
         typer.echo(report.format_compare(frame, fmt, columns=chosen), nl=False)
-    if (note := report.shared_cpu_note(df)) is not None:  # on stderr: a piped table or file stays clean
-        err_console.print(f"[yellow]warning:[/] {note}")
+    for note in (report.shared_cpu_note(df), report.baseline_note(df)):  # on stderr: a piped table or file stays clean
+        if note is not None:
+            err_console.print(f"[yellow]warning:[/] {note}")
 
 
 @app.command()

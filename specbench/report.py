@@ -412,11 +412,12 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     records = []
     for fields, group in groups:
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
-        pairs = pair_with_baseline(group, baseline)
+        pool = baseline_for(group, baseline)
+        pairs = pair_with_baseline(group, pool)
         depth = accept_at_least(group, n_depths)
         load = {}
         if with_load:  # this row's runs and the baseline rows its speedups divide by
-            partners = baseline.merge(pairs[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS) if not pairs.empty else None
+            partners = pool.merge(pairs[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS) if not pairs.empty else None
             load = {"cpu_shared": cpu_shared(*_load_peak(group, partners))}
         checkpoint = {}
         if with_checkpoint:
@@ -1034,6 +1035,43 @@ def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
         if "threads" in f.columns:
             threads += [int(x) for x in f["threads"] if x is not None and x == x]
     return (max(loads) if loads else None), (max(threads) if threads else None)
+
+
+BASELINE_RUN_SUFFIX = ".ar-baseline"  # `specbench run` and sweeps write a run's baseline as <run_id>.ar-baseline
+
+
+def baseline_for(group: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
+    """The baseline rows ``group``'s speedups divide by: its own run's (``<run_id>.ar-baseline``, measured
+    interleaved with it) when they are among ``baseline``, else every baseline row (a sweep's cells share the
+    one baseline its first cell measured). Without this, the result of ``compare`` would depend on the order
+    of its files whenever two runs' baselines cover the same prompts."""
+    if baseline.empty or "run_id" not in group.columns or "run_id" not in baseline.columns:
+        return baseline
+    own = baseline[baseline["run_id"].isin({f"{r}{BASELINE_RUN_SUFFIX}" for r in group["run_id"].dropna()})]
+    return own if not own.empty else baseline
+
+
+def baseline_note(df: pd.DataFrame) -> str | None:
+    """One sentence naming the drafter runs of ``df`` that have no baseline of their own among the inputs
+    and whose prompts several baseline runs cover: their speedups divide by the first of those, a
+    measurement from another run. None when there are none."""
+    if df.empty or "run_id" not in df.columns:
+        return None
+    baseline = df[df["drafter"] == BASELINE_DRAFTER]
+    if baseline["run_id"].nunique() < 2:
+        return None
+    flagged = []
+    for run_id, group in df[df["drafter"] != BASELINE_DRAFTER].groupby("run_id", sort=True):
+        if baseline_for(group, baseline) is not baseline:
+            continue  # its own baseline is there
+        covering = baseline.drop_duplicates(PAIR_KEYS + ["run_id"]).merge(
+            group[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS)["run_id"].unique().tolist()
+        if len(covering) > 1:
+            flagged.append(f"{run_id} divides by {covering[0]} (of {', '.join(map(str, covering))})")
+    if not flagged:
+        return None
+    return (f"{len(flagged)} run(s) without their own AR baseline among these files were paired with one of several: "
+            f"{'; '.join(flagged)}. Speedups across runs mix two sessions' timings; compare a run with its own baseline.")
 
 
 def shared_cpu_note(df: pd.DataFrame) -> str | None:

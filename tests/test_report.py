@@ -739,3 +739,27 @@ def test_compare_marks_rows_timed_on_a_shared_cpu():
     unpaired = pd.DataFrame(rows("ngram", 3.1, "ng"))  # no baseline: its own rows decide
     assert list(compare(unpaired)["cpu_shared"]) == [True]
     assert "cpu_shared" not in compare(idle.drop(columns="load_1min")).columns  # files written before the column
+
+
+def test_compare_pairs_a_run_with_its_own_baseline_whatever_the_file_order():
+    """Two runs of the same prompts, each with its own baseline from its own session (one machine twice as
+    fast that day): each run's speedup divides by its own baseline, in either order of the inputs. A run
+    without its own baseline, among several that cover its prompts, is named in a warning."""
+    from specbench.report import baseline_note
+
+    fast_day = [ar_row("p0", decode_s=1.0, run_id="a.ar-baseline"),
+                make_row("p0", accepted=[2, 2], decode_s=0.5, run_id="a", drafter_config='{"depth":4}')]
+    slow_day = [ar_row("p0", decode_s=2.0, run_id="b.ar-baseline"),
+                make_row("p0", accepted=[2, 2], decode_s=0.8, run_id="b", drafter_config='{"depth":5}')]
+    for rows in (fast_day + slow_day, slow_day + fast_day, slow_day[::-1] + fast_day[::-1]):
+        out = compare(frame(*rows)).set_index("config")
+        assert out.loc['{"depth":4}', "decode_speedup_sum"] == pytest.approx(1.0 / 0.5)
+        assert out.loc['{"depth":5}', "decode_speedup_sum"] == pytest.approx(2.0 / 0.8)
+        assert baseline_note(frame(*rows)) is None
+    # a cell with no baseline of its own: paired with the first baseline that covers it, and named
+    orphan = make_row("p0", accepted=[2, 2], decode_s=0.4, run_id="c", drafter_config='{"depth":6}')
+    df = frame(*slow_day, *fast_day, orphan)
+    assert compare(df).set_index("config").loc['{"depth":6}', "decode_speedup_sum"] == pytest.approx(2.0 / 0.4)
+    note = baseline_note(df)
+    assert note is not None and "c divides by b.ar-baseline (of b.ar-baseline, a.ar-baseline)" in note
+    assert baseline_note(frame(*fast_day, orphan)) is None  # one baseline only: nothing to choose between
