@@ -462,11 +462,11 @@ def sweep(
     failed = [r for r in results if r.status == "failed"]
     out_console.print(f"{plan.name}: {counts['done']} cells run, {counts['skipped']} already finished, "
                       f"{len(failed)} failed, of {len(plan.cells)} → {plan.results_dir}")
-    ran = [p for r in results if r.status == "done"
-           for p in (r.cell.out, r.cell.out.with_suffix(".ar-baseline.parquet")) if p.exists()]
-    if ran:
-        from specbench import report, results as result_files
+    from specbench import report, results as result_files
 
+    ran = [p for r in results if r.status == "done"
+           for p in (r.cell.out, result_files.baseline_path(r.cell.out)) if p.exists()]
+    if ran:
         if (note := report.shared_cpu_note(result_files.read_results(ran))) is not None:
             err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     if failed:

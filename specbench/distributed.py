@@ -106,7 +106,7 @@ def run(spec: runner.RunSpec, load_target: Callable, progress: Callable | None =
         dist.barrier()  # rank 0 has written the merged file: every rank drops its parts
         part = part_path(out, world)
         part.unlink(missing_ok=True)
-        part.with_name(part.stem + ".ar-baseline.parquet").unlink(missing_ok=True)
+        results.baseline_path(part).unlink(missing_ok=True)
         return merged
     finally:
         if dist.is_initialized():
@@ -148,7 +148,7 @@ def _merge(spec: runner.RunSpec, out: Path, gathered: list) -> runner.RunOutcome
     every = sorted((r for _, base, _ in gathered for r in (base or [])),
                    key=lambda r: (order[str(r["prompt_id"])], int(r["turn"])))
     if ran:  # the ranks that ran their baseline share one merged baseline file
-        base_out = out.with_name(out.stem + ".ar-baseline.parquet")
+        base_out = results.baseline_path(out)
         _write(base_out, ran, order, base_out.stem)
         outcome.baseline_out, outcome.baseline_source = base_out, "ran"
     elif any(source for _, _, source in gathered):

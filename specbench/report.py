@@ -61,7 +61,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specbench.errors import UserError
-from specbench.results import read_results
+from specbench.results import BASELINE_SUFFIX, read_results
 
 BASELINE_DRAFTER = "ar"
 
@@ -1037,9 +1037,6 @@ def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
     return (max(loads) if loads else None), (max(threads) if threads else None)
 
 
-BASELINE_RUN_SUFFIX = ".ar-baseline"  # `specbench run` and sweeps write a run's baseline as <run_id>.ar-baseline
-
-
 def baseline_for(group: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
     """The baseline rows ``group``'s speedups divide by: its own run's (``<run_id>.ar-baseline``, measured
     interleaved with it) when they are among ``baseline``, else every baseline row (a sweep's cells share the
@@ -1047,7 +1044,7 @@ def baseline_for(group: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
     of its files whenever two runs' baselines cover the same prompts."""
     if baseline.empty or "run_id" not in group.columns or "run_id" not in baseline.columns:
         return baseline
-    own = baseline[baseline["run_id"].isin({f"{r}{BASELINE_RUN_SUFFIX}" for r in group["run_id"].dropna()})]
+    own = baseline[baseline["run_id"].isin({f"{r}{BASELINE_SUFFIX}" for r in group["run_id"].dropna()})]
     return own if not own.empty else baseline
 
 

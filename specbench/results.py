@@ -96,6 +96,14 @@ RESUME_KEYS = (
 # environment fingerprint
 
 
+BASELINE_SUFFIX = ".ar-baseline"  # a run <out>.parquet has its AR baseline in <out stem>.ar-baseline.parquet
+
+
+def baseline_path(out: Path) -> Path:
+    """Where the AR baseline of the run written to ``out`` goes (its run_id is the stem: ``<run_id>.ar-baseline``)."""
+    return out.with_name(out.stem + BASELINE_SUFFIX + ".parquet")
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

@@ -277,7 +277,7 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
             outcome.baseline_rows, outcome.baseline_source = found
         else:
             base_drafter, base_config = build_drafter(BASELINE, target, (), None)
-            base_out = out.with_name(out.stem + ".ar-baseline.parquet")
+            base_out = results.baseline_path(out)
             base_writer = results.RunWriter(base_out, resume=spec.resume)
             base_session = _Session(spec, target, base_drafter, BASELINE, base_config, base_out.stem, env)
             base_writer.check_compatible(base_session.meta)  # its partial rows may be all there is

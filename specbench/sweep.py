@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench import runner
+from specbench.results import baseline_path
 from specbench.errors import UserError
 
 try:
@@ -112,7 +113,7 @@ class Cell:
 
     @property
     def sidecars(self) -> tuple[Path, Path]:
-        base = self.out.with_name(self.out.stem + ".ar-baseline.parquet")
+        base = baseline_path(self.out)
         return (self.out.with_name(self.out.name + ".partial.jsonl"),
                 base.with_name(base.name + ".partial.jsonl"))
 
