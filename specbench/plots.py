@@ -108,6 +108,8 @@ def series_of(df: pd.DataFrame) -> list[Series]:
 
     A label is the drafter name plus the options that differ from the drafter's other configs
     here and the run settings that vary in the frame, e.g. ``ngram (num_draft=4, T=0.7)``.
+    A (prompt, turn) read twice counts once (the first row), except in the AR baseline's series,
+    which keeps one row per baseline run so that each drafting run can pair with its own.
     """
     if df.empty:
         return []
@@ -120,7 +122,10 @@ def series_of(df: pd.DataFrame) -> list[Series]:
     groups = []
     for key, group in df.groupby(SERIES_KEYS, sort=True, dropna=False):
         fields = dict(zip(SERIES_KEYS, key))
-        group = group.drop_duplicates(["prompt_id", "turn"], keep="first").reset_index(drop=True)
+        once = ["prompt_id", "turn"]
+        if fields["drafter"] == report.BASELINE_DRAFTER and "run_id" in group.columns:
+            once.append("run_id")  # every run's baseline: a drafting run pairs with its own (report.pair_with_baseline)
+        group = group.drop_duplicates(once, keep="first").reset_index(drop=True)
         options = _parse_config(str(fields["drafter_config"]))
         parts = [f"{k}={_value_text(options.get(k, '-'))}" for k in differing[fields["drafter"]]]
         parts += [f"{_SETTING_LABELS[c]}={_value_text(fields[c])}" for c in varying]
@@ -148,7 +153,8 @@ def _drafting(series: list[Series]) -> list[Series]:
     return [s for s in series if not s.is_baseline]
 
 
-def _baseline_rows(series: list[Series]) -> pd.DataFrame | None:
+def baseline_rows(series: list[Series]) -> pd.DataFrame | None:
+    """The rows of every AR baseline series (None without one): what drafting series pair with."""
     frames = [s.rows for s in series if s.is_baseline]
     return pd.concat(frames, ignore_index=True) if frames else None
 
@@ -193,7 +199,7 @@ def accepted_fractions(series: list[Series]) -> pd.DataFrame:
 def speedup_bars(series: list[Series]) -> tuple[pd.DataFrame, list[str]]:
     """(one row per paired drafting series: label, decode_speedup_sum, tau, n_paired; the labels
     left out for having no paired AR row)."""
-    baseline = _baseline_rows(series)
+    baseline = baseline_rows(series)
     records, omitted = [], []
     for s in _drafting(series):
         pairs = report.pair_with_baseline(s.rows, baseline)

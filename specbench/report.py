@@ -179,19 +179,46 @@ def tokens_per_s(df: pd.DataFrame) -> float:
 def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.DataFrame:
     """Rows of ``df`` joined to their baseline partner on :data:`PAIR_KEYS`.
 
-    Baseline columns carry the suffix ``_base``. Duplicate keys (a benchmark run twice) keep their
-    first row on both sides, so each (prompt, turn) counts once.
+    A run whose own baseline (``<run_id>.ar-baseline``, measured interleaved with it) is among
+    ``baseline`` pairs with that one only; a run without one (a sweep's cells share the baseline its
+    first cell measured, and files written before ``run_id``) pairs with the first baseline row of
+    its keys. So no speedup depends on the order of the files when two runs' baselines cover the same
+    prompts. Baseline columns carry the suffix ``_base``; ``run_id_base`` names the baseline run each
+    pair divides by. Duplicate keys in ``df`` (a benchmark run twice) keep their first row, so each
+    (prompt, turn) counts once.
     """
     cols = ["n_new_tokens", "prefill_s", "decode_s", "output_ids", *MARGIN_COLUMNS]
+    out_cols = PAIR_KEYS + cols + ["run_id"] + [c + "_base" for c in cols] + ["run_id_base"]
     if baseline is None or df.empty or baseline.empty:
-        return pd.DataFrame(columns=PAIR_KEYS + cols + [c + "_base" for c in cols])
+        return pd.DataFrame(columns=out_cols)
 
-    def side(frame: pd.DataFrame) -> pd.DataFrame:
-        frame = frame.drop_duplicates(PAIR_KEYS, keep="first")
-        missing = [c for c in MARGIN_COLUMNS if c not in frame.columns]  # rows built before they existed
-        return frame.assign(**dict.fromkeys(missing))[PAIR_KEYS + cols]
+    def side(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+        missing = [c for c in [*MARGIN_COLUMNS, "run_id"] if c not in frame.columns]  # rows built before they existed
+        frame = frame.assign(**dict.fromkeys(missing)).drop_duplicates(keys, keep="first")
+        return frame[PAIR_KEYS + cols + ["run_id"]].reset_index(drop=True)
 
-    return side(df).merge(side(baseline), on=PAIR_KEYS, how="inner", suffixes=("", "_base"))
+    mine = side(df, PAIR_KEYS)
+    base = side(baseline, PAIR_KEYS + ["run_id"])
+    present = set(base["run_id"].dropna())
+    own = mine["run_id"].map(lambda r: f"{r}{BASELINE_SUFFIX}" if isinstance(r, str) and f"{r}{BASELINE_SUFFIX}" in present else None)
+    base = base.rename(columns={c: c + "_base" for c in cols + ["run_id"]})
+    with_own = mine[own.notna()].assign(run_id_base=own[own.notna()]).reset_index()
+    pairs_own = with_own.merge(base, on=PAIR_KEYS + ["run_id_base"], how="inner")
+    pairs_first = mine[own.isna()].reset_index().merge(base.drop_duplicates(PAIR_KEYS, keep="first"), on=PAIR_KEYS, how="inner")
+    parts = [p for p in (pairs_own, pairs_first) if not p.empty]
+    if not parts:
+        return pd.DataFrame(columns=out_cols)
+    return pd.concat(parts, ignore_index=True).sort_values("index", kind="stable").reset_index(drop=True)[out_cols]
+
+
+def baseline_partners(baseline: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``baseline`` that ``pairs`` (from :func:`pair_with_baseline`) divide by."""
+    if pairs.empty or baseline.empty:
+        return baseline.iloc[:0]
+    if "run_id" not in baseline.columns or pairs["run_id_base"].isna().any():
+        return baseline.merge(pairs[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS)
+    keys = pairs[PAIR_KEYS + ["run_id_base"]].drop_duplicates().rename(columns={"run_id_base": "run_id"})
+    return baseline.merge(keys, on=PAIR_KEYS + ["run_id"])
 
 
 def _speedup(pairs: pd.DataFrame, time_cols: list[str]) -> tuple[float, float]:
@@ -379,7 +406,8 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     ``tau`` is tau micro. ``accept_d1 .. accept_dK`` run to the deepest accepted depth in the data
     (at least 1), or to ``depths`` when that is smaller. A (prompt, turn) run twice with the same
     settings counts once (the first row read). Speedups pair each row with the ``"ar"`` row of the
-    same PAIR_KEYS, so they never cross devices or targets, even with ``allow_mixed``; data from
+    same PAIR_KEYS, its own run's when that is among the inputs (:func:`pair_with_baseline`), so
+    they never cross devices or targets, even with ``allow_mixed``; data from
     more than one device (or machine) is refused unless ``allow_mixed``.
 
     Rows come ordered by target, task, the settings that vary, then drafter with the AR baseline
@@ -412,13 +440,11 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     records = []
     for fields, group in groups:
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
-        pool = baseline_for(group, baseline)
-        pairs = pair_with_baseline(group, pool)
+        pairs = pair_with_baseline(group, baseline)
         depth = accept_at_least(group, n_depths)
         load = {}
         if with_load:  # this row's runs and the baseline rows its speedups divide by
-            partners = pool.merge(pairs[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS) if not pairs.empty else None
-            load = {"cpu_shared": cpu_shared(*_load_peak(group, partners))}
+            load = {"cpu_shared": cpu_shared(*_load_peak(group, baseline_partners(baseline, pairs)))}
         checkpoint = {}
         if with_checkpoint:
             chk_paths = sorted({p for p in group["_ckpt_path"] if p})
@@ -1037,21 +1063,10 @@ def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
     return (max(loads) if loads else None), (max(threads) if threads else None)
 
 
-def baseline_for(group: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
-    """The baseline rows ``group``'s speedups divide by: its own run's (``<run_id>.ar-baseline``, measured
-    interleaved with it) when they are among ``baseline``, else every baseline row (a sweep's cells share the
-    one baseline its first cell measured). Without this, the result of ``compare`` would depend on the order
-    of its files whenever two runs' baselines cover the same prompts."""
-    if baseline.empty or "run_id" not in group.columns or "run_id" not in baseline.columns:
-        return baseline
-    own = baseline[baseline["run_id"].isin({f"{r}{BASELINE_SUFFIX}" for r in group["run_id"].dropna()})]
-    return own if not own.empty else baseline
-
-
 def baseline_note(df: pd.DataFrame) -> str | None:
     """One sentence naming the drafter runs of ``df`` that have no baseline of their own among the inputs
-    and whose prompts several baseline runs cover: their speedups divide by the first of those, a
-    measurement from another run. None when there are none."""
+    and whose prompts several baseline runs cover: their speedups divide by the baseline
+    :func:`pair_with_baseline` chose, a measurement from another run. None when there are none."""
     if df.empty or "run_id" not in df.columns:
         return None
     baseline = df[df["drafter"] == BASELINE_DRAFTER]
@@ -1059,12 +1074,14 @@ def baseline_note(df: pd.DataFrame) -> str | None:
         return None
     flagged = []
     for run_id, group in df[df["drafter"] != BASELINE_DRAFTER].groupby("run_id", sort=True):
-        if baseline_for(group, baseline) is not baseline:
-            continue  # its own baseline is there
+        pairs = pair_with_baseline(group, baseline)
+        if pairs.empty or (pairs["run_id_base"] == f"{run_id}{BASELINE_SUFFIX}").all():
+            continue  # unpaired, or paired with its own baseline
         covering = baseline.drop_duplicates(PAIR_KEYS + ["run_id"]).merge(
             group[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS)["run_id"].unique().tolist()
         if len(covering) > 1:
-            flagged.append(f"{run_id} divides by {covering[0]} (of {', '.join(map(str, covering))})")
+            chosen = ", ".join(map(str, pairs["run_id_base"].unique()))
+            flagged.append(f"{run_id} divides by {chosen} (of {', '.join(map(str, covering))})")
     if not flagged:
         return None
     return (f"{len(flagged)} run(s) without their own AR baseline among these files were paired with one of several: "

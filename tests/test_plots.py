@@ -225,3 +225,24 @@ def test_nan_metrics_do_not_break_a_figure(tmp_path):
     assert len(paths) == 4
     for path in paths:
         check_png(path)
+
+
+def test_figures_pair_each_run_with_its_own_baseline_whatever_the_file_order():
+    """Two sessions of the same prompts, each with its own interleaved AR baseline (the machine twice as fast
+    on the first day): the speedup bars and the report's per-task speedups divide each run by its own
+    baseline, in any order of the rows, as `compare` does."""
+    from specbench.reporting import figures
+
+    cfg = {d: json.dumps({"max_n": 3, "num_draft": d}, sort_keys=True) for d in (3, 5)}
+    fast_day = [ar_row("p0", 6, run_id="a.ar-baseline", decode_s=1.0),
+                result_row("p0", "ngram", [2, 2], run_id="a", drafter_config=cfg[3], decode_s=0.5)]
+    slow_day = [ar_row("p0", 6, run_id="b.ar-baseline", decode_s=2.0),
+                result_row("p0", "ngram", [2, 2], run_id="b", drafter_config=cfg[5], decode_s=0.8)]
+    for rows in (fast_day + slow_day, slow_day + fast_day, slow_day[::-1] + fast_day[::-1]):
+        series = plots.series_of(frame(rows))
+        bars = plots.speedup_bars(series)[0].set_index("label")["decode_speedup_sum"]
+        assert bars["ngram (num_draft=3)"] == pytest.approx(1.0 / 0.5)
+        assert bars["ngram (num_draft=5)"] == pytest.approx(2.0 / 0.8)
+        by_task = figures.per_task(series).set_index("label")["decode_speedup"]
+        assert by_task["ngram (num_draft=3)"] == pytest.approx(1.0 / 0.5)
+        assert by_task["ngram (num_draft=5)"] == pytest.approx(2.0 / 0.8)

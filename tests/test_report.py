@@ -763,3 +763,25 @@ def test_compare_pairs_a_run_with_its_own_baseline_whatever_the_file_order():
     note = baseline_note(df)
     assert note is not None and "c divides by b.ar-baseline (of b.ar-baseline, a.ar-baseline)" in note
     assert baseline_note(frame(*fast_day, orphan)) is None  # one baseline only: nothing to choose between
+
+
+def test_pairing_prefers_the_runs_own_baseline_and_names_the_one_it_chose():
+    """pair_with_baseline is the one place that picks a baseline: a run's own (`<run_id>.ar-baseline`) when
+    present, whichever file came first; the first covering one otherwise; `run_id_base` says which."""
+    own = [ar_row("p0", decode_s=1.0, run_id="a.ar-baseline"), ar_row("p1", decode_s=1.0, run_id="a.ar-baseline")]
+    other = [ar_row("p0", decode_s=3.0, run_id="z.ar-baseline"), ar_row("p1", decode_s=3.0, run_id="z.ar-baseline")]
+    run = frame(make_row("p1", run_id="a", decode_s=0.5), make_row("p0", run_id="a", decode_s=0.5))
+    for base in (frame(*other, *own), frame(*own, *other)):
+        pairs = pair_with_baseline(run, base)
+        assert pairs["prompt_id"].tolist() == ["p1", "p0"]  # the run's own row order
+        assert pairs["run_id_base"].tolist() == ["a.ar-baseline"] * 2
+        assert pairs["decode_s_base"].tolist() == [1.0, 1.0]
+    orphan = frame(make_row("p0", run_id="c", decode_s=0.5))
+    assert pair_with_baseline(orphan, frame(*other, *own))["run_id_base"].tolist() == ["z.ar-baseline"]
+    assert pair_with_baseline(orphan, frame(*own, *other))["run_id_base"].tolist() == ["a.ar-baseline"]
+    # its own baseline without a prompt: that prompt stays unpaired rather than borrowing another session's
+    short = frame(*other, own[0])
+    assert pair_with_baseline(run, short)["prompt_id"].tolist() == ["p0"]
+    # files written before run_id existed: the first baseline row of the keys
+    old = pair_with_baseline(run.drop(columns="run_id"), frame(*other, *own).drop(columns="run_id"))
+    assert old["decode_s_base"].tolist() == [3.0, 3.0] and old["run_id_base"].isna().all()

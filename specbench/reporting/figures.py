@@ -66,7 +66,7 @@ def _tasks(df: pd.DataFrame) -> list[str]:
 def per_task(series: list[plots.Series]) -> pd.DataFrame:
     """One row per (drafting series, task): tau (micro) and decode speedup (ratio of sums; NaN with
     no paired AR row)."""
-    baseline = pd.concat([s.rows for s in series if s.is_baseline], ignore_index=True) if any(s.is_baseline for s in series) else None
+    baseline = plots.baseline_rows(series)
     records = []
     for s in series:
         if s.is_baseline:
@@ -195,7 +195,7 @@ def budget_curves(target: str, df: pd.DataFrame, stem: str) -> list[Figure]:
     families = budget_families(series)
     if not families:
         return []
-    baseline = pd.concat([s.rows for s in series if s.is_baseline], ignore_index=True) if any(s.is_baseline for s in series) else None
+    baseline = plots.baseline_rows(series)
     tasks = _tasks(df)
     fig, axes = _new(12.0, 4.6, ncols=2)
     lines = 0
