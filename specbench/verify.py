@@ -130,6 +130,9 @@ def verify_greedy(tree: DraftTree, logits: Tensor, margin_dtype: torch.dtype | N
     if margin_dtype is None:
         host = torch.cat(parts).tolist()  # the one transfer
     else:
+        # a second pass over the logits: topk's order among equal logits is unspecified, and bf16 ties
+        # exactly often enough (the GPU check saw a 0.0 gap), so the choice stays argmax's first index,
+        # the rule every other path (AR included) decides by; the runner-up is the best of the rest
         margin, runner = (t.to(tokens.device) for t in top2_margins(logits, choice.to(logits.device), margin_dtype))
         # still one transfer: token ids are exact in float64
         flat = torch.cat([torch.cat([*parts, runner[order]]).double(), margin[order].double()]).tolist()
