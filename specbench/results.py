@@ -141,15 +141,18 @@ def specbench_sha() -> str:
     """Short git sha of the specbench checkout, ``+dirty`` when it has changes; else "unknown".
 
     "unknown" also when the package is installed somewhere that merely sits inside some other git
-    repository (the checkout's top level must hold this very package).
+    repository (the checkout's top level must hold this very package). A copy without git (a lent
+    GPU machine gets the working tree, not the repository) may declare the commit it was copied from
+    in ``SPECBENCH_SHA``; it is then recorded as ``<sha> (declared)``, since nothing here can check it.
     """
     pkg_dir = Path(__file__).resolve().parent
     top = _git(["rev-parse", "--show-toplevel"], pkg_dir)
-    if top is None or Path(top.strip()).resolve() / pkg_dir.name != pkg_dir:
-        return "unknown"
-    sha = _git(["rev-parse", "--short", "HEAD"], pkg_dir)
+    sha = None
+    if top is not None and Path(top.strip()).resolve() / pkg_dir.name == pkg_dir:
+        sha = _git(["rev-parse", "--short", "HEAD"], pkg_dir)
     if not sha or not sha.strip():
-        return "unknown"
+        declared = os.environ.get("SPECBENCH_SHA", "").strip()
+        return f"{declared} (declared)" if declared else "unknown"
     status = _git(["status", "--porcelain", "--untracked-files=no"], pkg_dir)
     dirty = "+dirty" if status is None or status.strip() else ""
     return sha.strip() + dirty

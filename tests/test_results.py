@@ -284,9 +284,26 @@ def test_env_fingerprint():
 
 def test_specbench_sha_unknown_outside_git(monkeypatch):
     monkeypatch.setattr(results, "_git", lambda args, cwd: None)
+    monkeypatch.delenv("SPECBENCH_SHA", raising=False)
     results.specbench_sha.cache_clear()
     try:
         assert results.specbench_sha() == "unknown"
+        # a copy without git (the GPU machine's) may declare its commit, and is marked as declaring it
+        results.specbench_sha.cache_clear()
+        monkeypatch.setenv("SPECBENCH_SHA", "abc1234+dirty")
+        assert results.specbench_sha() == "abc1234+dirty (declared)"
+    finally:
+        results.specbench_sha.cache_clear()
+
+
+def test_a_declared_sha_never_overrides_git(monkeypatch):
+    results.specbench_sha.cache_clear()
+    if results.specbench_sha() == "unknown":
+        pytest.skip("not run from a git checkout of specbench")
+    monkeypatch.setenv("SPECBENCH_SHA", "not-this")
+    results.specbench_sha.cache_clear()
+    try:
+        assert "not-this" not in results.specbench_sha()
     finally:
         results.specbench_sha.cache_clear()
 
