@@ -215,10 +215,12 @@ def compare(
     # further columns (one per compare row) go into `frame` here, before it is sorted and formatted
     if as_target is not None and not hardware:
         raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
+    notes = []
     if hardware:  # projected, not measured: one row per (compare row, profile), labelled in `projection`
-        from specbench.hardware.project import add_projections
+        from specbench.hardware.project import add_projections, unpriced_note
 
         frame = add_projections(df, frame, list(hardware), as_target)
+        notes.append(unpriced_note(frame))
         if columns is None:  # the default table plus the projection, side by side with the measured speedup
             keys = [c for c in ("target", "task", "drafter", "setting", *report.SETTING_COLUMNS) if c in frame.columns
                     and (c != "target" or frame["target"].nunique() > 1)]
@@ -231,7 +233,7 @@ def compare(
         typer.echo(report.compare_view(frame, out_console.width, wide=wide, columns=chosen).text(), nl=False)
     else:
         typer.echo(report.format_compare(frame, fmt, columns=chosen), nl=False)
-    for note in (report.shared_cpu_note(df), report.baseline_note(df)):  # on stderr: a piped table or file stays clean
+    for note in (*notes, report.shared_cpu_note(df), report.baseline_note(df)):  # on stderr: a piped table or file stays clean
         if note is not None:
             err_console.print(f"[yellow]warning:[/] {note}")
 

@@ -201,6 +201,29 @@ def test_sum_and_mean_differ_and_unknown_drafter_is_nan():
     assert math.isnan(project.project_rows(pd.DataFrame([unknown]), "h100-sxm:engine").speedup_sum)
 
 
+def test_a_relative_checkpoint_path_prices_from_any_folder_and_a_lost_one_is_named(tmp_path, monkeypatch):
+    """A sweep records ``drafters/checkpoints/...`` relative to the project root; compare run from another
+    folder must still find the drafter's shape, and a folder found nowhere is named, not a silent '-'."""
+    from specbench import report
+
+    monkeypatch.chdir(tmp_path)
+    shipped = "drafters/checkpoints/eagle3-smollm2-135m-r200k"
+    row = synthetic_row("a", 0, [2, 2], target=BIG, drafter="eagle3", drafter_config=json.dumps({"path": shipped}))
+    found = project.project_rows(pd.DataFrame([row]), "h100-sxm:engine")
+    assert found.speedup_sum > 0 and found.missing == ()
+    lost = {**row, "drafter_config": json.dumps({"path": "heads/gone"})}
+    gone = project.project_rows(pd.DataFrame([lost]), "h100-sxm:engine")
+    assert math.isnan(gone.speedup_sum) and gone.missing == ("heads/gone",)
+
+    rows = pd.DataFrame([ar_row("a", 6, target=BIG), row])
+    assert project.unpriced_note(project.add_projections(rows, report.compare(rows), ["h100-sxm:engine"])) is None
+    rows = pd.DataFrame([ar_row("a", 6, target=BIG), lost])
+    out = project.add_projections(rows, report.compare(rows), ["h100-sxm:engine", "h100-sxm:hf-eager"])
+    assert out.loc[out["drafter"] == "eagle3", "projected_decode_speedup_sum"].isna().all()
+    note = project.unpriced_note(out)
+    assert note is not None and note.count("heads/gone") == 1 and "config.json was not found" in note
+
+
 def test_tree_costs_more_on_engine_than_eager():
     """A 256-node tree accepted 6 deep: hf-eager hides the tree (its speedup tracks tau); the engine pays."""
     rows = pd.DataFrame([ngram_row("a", [6] * 30, tree=256, target=BIG)])

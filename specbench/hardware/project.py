@@ -65,29 +65,41 @@ def target_config(name: str) -> dict[str, Any]:
     )
 
 
-def _drafter_config(row: pd.Series | dict) -> dict[str, Any] | None:
-    """The drafter's own HF config (checkpoint config.json or draft model), or None when unknown."""
+def _checkpoint_config(path: str) -> Path | None:
+    """``config.json`` of a checkpoint folder a run recorded: as written (absolute, or relative to the
+    current folder), else relative to the project root that holds the ``drafters`` package, where a
+    sweep's ``drafters/checkpoints/...`` paths point wherever ``compare`` is run from. None if absent."""
+    given = Path(path).expanduser()
+    candidates = [given / "config.json"]
+    if not given.is_absolute():
+        candidates.append(Path(str(resources.files("drafters"))).parent / given / "config.json")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _drafter_config(row: pd.Series | dict) -> tuple[dict[str, Any] | None, str | None]:
+    """(the drafter's own HF config, from its checkpoint config.json or draft model; what was looked for
+    when it is unknown): a checkpoint folder that cannot be found names itself, so the caller can say so."""
     try:
         options = json.loads(row.get("drafter_config") or "{}")
     except (TypeError, ValueError):
         options = {}
     if not isinstance(options, dict):
-        return None
+        return None, None
     path = options.get("path")
     if isinstance(path, str) and path and path != "random":
         if path == "auto":
             folder = resources.files("drafters").joinpath("checkpoints", f"{row.get('drafter')}-{row.get('target')}")
             config = folder.joinpath("config.json")
-            return json.loads(config.read_text()) if config.is_file() else None
-        config = Path(path).expanduser() / "config.json"
-        return json.loads(config.read_text()) if config.is_file() else None
+            return (json.loads(config.read_text()), None) if config.is_file() else (None, str(folder))
+        found = _checkpoint_config(path)
+        return (json.loads(found.read_text()), None) if found is not None else (None, path)
     model = options.get("model")
     if isinstance(model, str) and model:
         try:
-            return target_config(model)
+            return target_config(model), None
         except UserError:
-            return None
-    return None
+            return None, model
+    return None, None
 
 
 _WIDTH_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
@@ -157,6 +169,7 @@ class Projection:
     speedup_sum: float
     speedup_mean: float
     n_rows: int
+    missing: tuple[str, ...] = ()  # drafter checkpoints (or draft models) whose shape was not found: not priced
 
 
 def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None) -> Projection:
@@ -169,6 +182,7 @@ def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None
     ar_total = spec_total = 0.0
     ratios = []
     cache: dict[tuple, StepCost] = {}
+    missing: list[str] = []
     for _, row in rows.iterrows():
         if int(row["n_steps"]) == 0:
             continue
@@ -176,9 +190,11 @@ def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None
         if key not in cache:
             cfg = as_cfg if as_target is not None else target_config(str(row["target"]))
             target = shape_from_config(cfg, as_name if as_target is not None else str(row["target"]))
-            dcfg = _drafter_config(row)
+            dcfg, looked_for = _drafter_config(row)
             forwards = sum(int(f) for f in row["drafter_forwards_per_step"])
             known = dcfg is not None or forwards == 0
+            if not known and looked_for is not None and looked_for not in missing:
+                missing.append(looked_for)
             if dcfg is not None and as_target is not None:
                 dcfg = reshape_drafter(dcfg, as_cfg)
             drafter = shape_from_config(dcfg, f"{row['drafter']} drafter") if dcfg is not None else None
@@ -192,7 +208,7 @@ def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None
         return Projection(hardware, label, NAN, NAN, 0)
     speedup_sum = ar_total / spec_total if spec_total > 0 else NAN
     speedup_mean = NAN if any(math.isnan(r) for r in ratios) else sum(ratios) / len(ratios)
-    return Projection(hardware, label, speedup_sum, speedup_mean, len(ratios))
+    return Projection(hardware, label, speedup_sum, speedup_mean, len(ratios), tuple(missing))
 
 
 # --------------------------------------------------------------------------------- compare
@@ -230,12 +246,25 @@ def add_projections(rows: pd.DataFrame, table: pd.DataFrame, hardware: list[str]
     for name in hardware:
         get_profile(name)  # unknown names fail before any work
     out = []
+    missing: list[str] = []
     for _, rec in table.iterrows():
         matched = _match(rows, rec, table)
         for name in hardware:
             p = project_rows(matched, name, as_target)
+            missing += [m for m in p.missing if m not in missing]
             out.append({**rec.to_dict(), "hardware": p.hardware, "projection": p.label,
                         "projected_decode_speedup_sum": p.speedup_sum, "projected_decode_speedup_mean": p.speedup_mean})
     frame = pd.DataFrame.from_records(out, columns=[*table.columns, *PROJECTION_COLUMNS])
-    frame.attrs = dict(table.attrs)
+    frame.attrs = {**table.attrs, "unpriced_drafters": missing}
     return frame
+
+
+def unpriced_note(frame: pd.DataFrame) -> str | None:
+    """One line naming the drafter checkpoints :func:`add_projections` could not find (their rows show
+    no projection), or None when every drafter was priced."""
+    missing = frame.attrs.get("unpriced_drafters") or []
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (f"no projected speedup for drafters whose config.json was not found: {shown}; "
+            "run compare from the folder the runs were made in, or keep the checkpoint folders where the files name them")
