@@ -137,6 +137,31 @@ def test_runs_record_the_weights_they_loaded(tmp_path, wide_console):
     assert head.checkpoint.sha256 == hashes[0]
 
 
+def test_a_drafter_path_is_read_as_given_else_under_the_project_root(tmp_path, monkeypatch):
+    """``--drafter-path drafters/checkpoints/...`` (what sweeps record) loads from any folder: a path that
+    exists where the command runs wins; otherwise the same relative path under the project root; a path
+    found in neither is named in a one-line error."""
+    from drafters.common import locate
+    from drafters.eagle3 import random_head, save_eagle3
+    from specbench.targets import load_target
+
+    target = load_target("tiny-llama", device="cpu", dtype="float32")
+    cls = drafter_class("eagle3")
+    root, here = tmp_path / "project", tmp_path / "elsewhere"
+    save_eagle3(random_head(target, seed=0), root / "heads" / "h")
+    here.mkdir()
+    monkeypatch.setattr(locate, "project_root", lambda: root)
+    monkeypatch.chdir(here)
+
+    rooted = cls(target, parse_config(cls.Config, ["path=heads/h"]))
+    assert rooted.checkpoint.path == str(root / "heads" / "h")
+    save_eagle3(random_head(target, seed=1), here / "heads" / "h")
+    local = cls(target, parse_config(cls.Config, ["path=heads/h"]))
+    assert local.checkpoint.path == "heads/h" and local.checkpoint.sha256 != rooted.checkpoint.sha256
+    with pytest.raises(UserError, match="'heads/none' is not a directory"):
+        cls(target, parse_config(cls.Config, ["path=heads/none"]))
+
+
 def test_resume_with_other_weights_at_the_same_path_is_refused(tmp_path, wide_console):
     from drafters.eagle3 import random_head, save_eagle3
     from specbench import runner

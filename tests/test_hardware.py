@@ -224,6 +224,25 @@ def test_a_relative_checkpoint_path_prices_from_any_folder_and_a_lost_one_is_nam
     assert note is not None and note.count("heads/gone") == 1 and "config.json was not found" in note
 
 
+def test_a_default_checkpoint_run_prices_from_the_folder_it_loaded():
+    """``path=auto`` rows: the folder the run read (recorded as a machine-specific absolute path) is found
+    under drafters/checkpoints/ by name; without a record, today's default from defaults.toml prices it
+    (not ``<family>-<target>``, which no longer ships)."""
+    from drafters.common.locate import default_checkpoint_name, recorded_checkpoint, shipped_folder
+
+    r40k = "eagle3-smollm2-135m-r40k"
+    folder, _ = recorded_checkpoint("eagle3", "smollm2-135m", "auto", f"/another/machine/drafters/checkpoints/{r40k}")
+    assert folder == shipped_folder(r40k)
+    folder, _ = recorded_checkpoint("eagle3", "smollm2-135m", "auto", None)
+    assert folder == shipped_folder(default_checkpoint_name("eagle3", "smollm2-135m")) != shipped_folder(r40k)
+    assert recorded_checkpoint("eagle3", "no-such-target", "auto", None)[0] is None
+
+    auto = json.dumps({"path": "auto"})
+    row = synthetic_row("a", 0, [2, 2], target="smollm2-135m", drafter="eagle3", drafter_config=auto)
+    priced = project.project_rows(pd.DataFrame([row]), "h100-sxm:engine", as_target="qwen3-8b")
+    assert priced.speedup_sum > 0 and priced.missing == ()
+
+
 def test_tree_costs_more_on_engine_than_eager():
     """A 256-node tree accepted 6 deep: hf-eager hides the tree (its speedup tracks tau); the engine pays."""
     rows = pd.DataFrame([ngram_row("a", [6] * 30, tree=256, target=BIG)])

@@ -32,7 +32,7 @@ from drafters.block.model import (
 )
 from drafters.block.train import DFlashTraining, JetSpecTraining, TreeFlashTraining
 from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
-from drafters.common.loading import random_identity, shipped_checkpoint
+from drafters.common.loading import checkpoint_dir, random_identity, shipped_checkpoint
 from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree
 
@@ -69,7 +69,7 @@ class _BlockDrafter(Drafter):
                 draft_vocab_size=config.draft_vocab_size or None, **self.random_extra())
             self.checkpoint = random_identity(self.model, config.seed)
         else:
-            src = shipped_checkpoint(self.family, target.name) if config.path == "auto" else config.path
+            src = shipped_checkpoint(self.family, target.name) if config.path == "auto" else checkpoint_dir(config.path)
             self.model, self.checkpoint = read_block(src, target, self.family)
         self.backbone.check(self.model, self.family)
         self.feature_layers: tuple[int, ...] = self.model.config.feature_layers

@@ -65,7 +65,7 @@ from drafters.block.model import (
     BIDIRECTIONAL, BIDIRECTIONAL_WITH_CORRECTION, CAUSAL, Backbone, BlockConfig, BlockModel, random_block_model,
 )
 from specbench.errors import UserError
-from drafters.common.loading import shipped_checkpoint
+from drafters.common.loading import checkpoint_dir, shipped_checkpoint
 from drafters.common.precision import bf16_autocast, check_precision
 from drafters.common.vocab import draft_vocabulary
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
@@ -126,7 +126,7 @@ class TreeFlashRecipe(BlockRecipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.backbone not in ("auto", "random") and not (Path(self.backbone).expanduser() / "config.json").is_file():
+        if self.backbone not in ("auto", "random") and not (checkpoint_dir(self.backbone) / "config.json").is_file():
             raise ValueError(f"backbone '{self.backbone}' is not a DFlash checkpoint directory (no config.json); "
                              "train one with `specbench train --drafter dflash` or leave backbone=auto")
 
@@ -531,7 +531,7 @@ class TreeFlashTraining(BlockTraining):
             src, base = "random", random_block_model(target, seed=recipe.seed, num_hidden_layers=recipe.num_layers,
                                                       block_size=recipe.block_size).float()
         else:
-            src = shipped_checkpoint("dflash", target.name) if recipe.backbone == "auto" else Path(recipe.backbone)
+            src = shipped_checkpoint("dflash", target.name) if recipe.backbone == "auto" else checkpoint_dir(recipe.backbone)
             base = load_block(src, target, "treeflash backbone")
         if base.config.causal:
             raise UserError(f"treeflash backbone '{src}' is causal (a JetSpec head); pass a DFlash checkpoint")

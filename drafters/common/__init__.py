@@ -7,6 +7,8 @@
 * :mod:`~drafters.common.shape`: a drafter layer shaped like the target's (``target_shape``);
 * :mod:`~drafters.common.loading`: config.json reading, the target check, the checked state-dict
   loader, and the lookup of checkpoints that ship for a target.
+* :mod:`~drafters.common.locate`: where a checkpoint folder is (``--drafter-path`` as given, else under
+  the project root; the folder a finished run loaded), torch-free so ``compare`` can use it.
 * :mod:`~drafters.common.vocab`: a reduced draft vocabulary (the most frequent training tokens)
   and its d2t / t2d maps (EAGLE-3's head, the block families' ``draft_vocab_size`` variant).
 

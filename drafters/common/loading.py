@@ -11,27 +11,23 @@ Each family parses its own config (``parse``) and checks its own extras; the one
 * :func:`write_checkpoint`: the other direction, ``config.json`` + ``model.safetensors`` as every
   family writes them;
 * :func:`shipped_checkpoint`: the checkpoint that ships for a target (package data), chosen by
-  ``drafters/checkpoints/defaults.toml`` where several heads ship for one family and target.
+  ``drafters/checkpoints/defaults.toml`` where several heads ship for one family and target;
+  :func:`~drafters.common.locate.checkpoint_dir` finds a ``--drafter-path`` (torch-free, in ``locate``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from drafters.common.locate import DEFAULTS_NAME, checkpoint_dir, default_checkpoint_name, shipped_defaults, shipped_folder
 from specbench.drafter import CheckpointId
 from specbench.errors import UserError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 C = TypeVar("C")
 WEIGHTS_NAME = "model.safetensors"
@@ -136,38 +132,18 @@ def random_identity(module: nn.Module, seed: int) -> CheckpointId:
     return CheckpointId.of_tensors(f"random:seed={seed}", module.state_dict())
 
 
-DEFAULTS_NAME = "defaults.toml"
-
-
-def shipped_defaults() -> dict[str, dict[str, str]]:
-    """``defaults.toml`` as ``{target: {family: folder}}`` (empty when the file is absent)."""
-    table = files("drafters").joinpath("checkpoints", DEFAULTS_NAME)
-    return {t: {f: str(d) for f, d in heads.items()} for t, heads in tomllib.loads(table.read_text()).items()} \
-        if table.is_file() else {}
-
-
-def default_checkpoint_name(family: str, target_name: str) -> str:
-    """The folder under ``drafters/checkpoints/`` that ``--drafter <family>`` loads for a target.
-
-    ``defaults.toml`` names it per target (``[smollm2-135m] eagle3 = "eagle3-smollm2-135m-r200k"``) when
-    several heads of one family ship (the other ones stay loadable with ``--drafter-path``); without an
-    entry it is ``<family>-<target>``.
-    """
-    return shipped_defaults().get(target_name, {}).get(family, f"{family}-{target_name}")
-
-
 def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> Path:
     """The default checkpoint that ships for a target (package data), or a one-line UserError saying how to get one."""
-    resource = files("drafters").joinpath("checkpoints", default_checkpoint_name(family, target_name))
-    if not resource.joinpath("config.json").is_file():
+    folder = shipped_folder(default_checkpoint_name(family, target_name))
+    if not (folder / "config.json").is_file():
         raise UserError(
             f"no trained {family} drafter ships for target '{target_name}'; train one with `specbench train --drafter "
             f"{family} --target {target_name}{train_hint} --out DIR` and pass --drafter-path DIR (or --set path=random "
             "for an untrained one)"
         )
-    return Path(str(resource))
+    return folder
 
 
 __all__ = ["read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
-           "default_checkpoint_name", "shipped_defaults",
+           "default_checkpoint_name", "shipped_defaults", "checkpoint_dir", "DEFAULTS_NAME",
            "WEIGHTS_NAME", "LEGACY_WEIGHTS_NAME"]

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from drafters.common.loading import random_identity, shipped_checkpoint
+from drafters.common.loading import checkpoint_dir, random_identity, shipped_checkpoint
 from drafters.eagle3.checkpoint import read_eagle3
 from drafters.eagle3.model import Eagle3Head, default_feature_layers, new_cache, random_head
 from drafters.eagle3.train import Eagle3Training
@@ -82,7 +82,7 @@ class Eagle3Drafter(Drafter):
             self.head: Eagle3Head = random_head(target, draft_vocab_size=self.config.draft_vocab_size, seed=self.config.seed)
             self.checkpoint = random_identity(self.head, self.config.seed)
         else:
-            src = shipped_head(target.name) if self.config.path == "auto" else self.config.path
+            src = shipped_head(target.name) if self.config.path == "auto" else checkpoint_dir(self.config.path)
             self.head, self.checkpoint = read_eagle3(src, target)
         self.feature_layers: tuple[int, ...] = tuple(
             self.head.config.feature_layers or default_feature_layers(target.num_layers)

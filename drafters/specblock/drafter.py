@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from drafters.common.kv_cache import LayerCaches
-from drafters.common.loading import random_identity, shipped_checkpoint
+from drafters.common.loading import checkpoint_dir, random_identity, shipped_checkpoint
 from drafters.specblock.model import SpecBlockModel, random_model, sdpa
 from drafters.specblock.tree import Leaf, beam, grow
 from specbench.drafter import DraftContext, Drafter, Sampling
@@ -96,7 +96,7 @@ class SpecBlockDrafter(Drafter):
                                                       draft_vocab_size=self.config.draft_vocab_size, seed=self.config.seed)
             self.checkpoint = random_identity(self.model, self.config.seed)
         else:
-            src = shipped(target.name) if self.config.path == "auto" else self.config.path
+            src = shipped(target.name) if self.config.path == "auto" else checkpoint_dir(self.config.path)
             self.model, self.checkpoint = read_specblock(src, target)
         from drafters.eagle3.model import default_feature_layers
 

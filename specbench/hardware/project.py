@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
+from drafters.common.locate import recorded_checkpoint
 from specbench.errors import UserError
 from specbench.hardware.analytic import AnalyticProfile, Shape, bundled_configs, load_config, shape_from_config
 from specbench.hardware.profiles import MeasuredProfile, get_profile
@@ -65,17 +65,6 @@ def target_config(name: str) -> dict[str, Any]:
     )
 
 
-def _checkpoint_config(path: str) -> Path | None:
-    """``config.json`` of a checkpoint folder a run recorded: as written (absolute, or relative to the
-    current folder), else relative to the project root that holds the ``drafters`` package, where a
-    sweep's ``drafters/checkpoints/...`` paths point wherever ``compare`` is run from. None if absent."""
-    given = Path(path).expanduser()
-    candidates = [given / "config.json"]
-    if not given.is_absolute():
-        candidates.append(Path(str(resources.files("drafters"))).parent / given / "config.json")
-    return next((c for c in candidates if c.is_file()), None)
-
-
 def _drafter_config(row: pd.Series | dict) -> tuple[dict[str, Any] | None, str | None]:
     """(the drafter's own HF config, from its checkpoint config.json or draft model; what was looked for
     when it is unknown): a checkpoint folder that cannot be found names itself, so the caller can say so."""
@@ -87,12 +76,10 @@ def _drafter_config(row: pd.Series | dict) -> tuple[dict[str, Any] | None, str |
         return None, None
     path = options.get("path")
     if isinstance(path, str) and path and path != "random":
-        if path == "auto":
-            folder = resources.files("drafters").joinpath("checkpoints", f"{row.get('drafter')}-{row.get('target')}")
-            config = folder.joinpath("config.json")
-            return (json.loads(config.read_text()), None) if config.is_file() else (None, str(folder))
-        found = _checkpoint_config(path)
-        return (json.loads(found.read_text()), None) if found is not None else (None, path)
+        loaded_from = row.get("checkpoint_path")
+        folder, looked_for = recorded_checkpoint(str(row.get("drafter")), str(row.get("target")), path,
+                                                 loaded_from if isinstance(loaded_from, str) else None)
+        return (json.loads((folder / "config.json").read_text()), None) if folder is not None else (None, looked_for)
     model = options.get("model")
     if isinstance(model, str) and model:
         try:
