@@ -173,7 +173,8 @@ def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None
     for _, row in rows.iterrows():
         if int(row["n_steps"]) == 0:
             continue
-        key = (row["target"], row["drafter"], row.get("drafter_config"))
+        loaded_from = row.get("checkpoint_path")  # path=auto resolves by it (NaN where a file lacks the column)
+        key = (row["target"], row["drafter"], row.get("drafter_config"), loaded_from if isinstance(loaded_from, str) else None)
         if key not in cache:
             cfg = as_cfg if as_target is not None else target_config(str(row["target"]))
             target = shape_from_config(cfg, as_name if as_target is not None else str(row["target"]))
