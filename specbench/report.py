@@ -1063,29 +1063,53 @@ def _load_peak(*frames: pd.DataFrame | None) -> tuple[float | None, int | None]:
     return (max(loads) if loads else None), (max(threads) if threads else None)
 
 
+# What a row records of the machine and software that timed it; a speedup dividing by a baseline that
+# differs in one of these divides timings of two set-ups.
+TIMING_ENV_COLUMNS = ("device_name", "cpu_model", "threads", "torch_version", "transformers_version", "specbench_sha")
+
+
+def _env_differences(run: pd.DataFrame, base: pd.DataFrame) -> list[str]:
+    """The :data:`TIMING_ENV_COLUMNS` whose recorded values differ between a run and the baseline rows it
+    divides by, as ``"specbench_sha cd4898c, its baseline's 8c6d8c7"`` (columns a file lacks are skipped)."""
+    found = []
+    for col in TIMING_ENV_COLUMNS:
+        if col not in run.columns or col not in base.columns:
+            continue
+        mine, theirs = sorted(map(str, run[col].dropna().unique())), sorted(map(str, base[col].dropna().unique()))
+        if mine and theirs and mine != theirs:
+            found.append(f"{col} {', '.join(mine)}, its baseline's {', '.join(theirs)}")
+    return found
+
+
 def baseline_note(df: pd.DataFrame) -> str | None:
     """One sentence naming the drafter runs of ``df`` that have no baseline of their own among the inputs
-    and whose prompts several baseline runs cover: their speedups divide by the baseline
-    :func:`pair_with_baseline` chose, a measurement from another run. None when there are none."""
+    and divide by another run's (the one :func:`pair_with_baseline` chose) where that choice matters:
+    several baseline runs cover their prompts, or the chosen one was timed on another machine or with
+    other software or specbench code (:data:`TIMING_ENV_COLUMNS`), e.g. in another session. None when
+    there are none."""
     if df.empty or "run_id" not in df.columns:
         return None
     baseline = df[df["drafter"] == BASELINE_DRAFTER]
-    if baseline["run_id"].nunique() < 2:
+    if baseline.empty:
         return None
     flagged = []
     for run_id, group in df[df["drafter"] != BASELINE_DRAFTER].groupby("run_id", sort=True):
         pairs = pair_with_baseline(group, baseline)
         if pairs.empty or (pairs["run_id_base"] == f"{run_id}{BASELINE_SUFFIX}").all():
             continue  # unpaired, or paired with its own baseline
+        chosen = [str(r) for r in pairs["run_id_base"].unique()]
         covering = baseline.drop_duplicates(PAIR_KEYS + ["run_id"]).merge(
             group[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS)["run_id"].unique().tolist()
-        if len(covering) > 1:
-            chosen = ", ".join(map(str, pairs["run_id_base"].unique()))
-            flagged.append(f"{run_id} divides by {chosen} (of {', '.join(map(str, covering))})")
+        why = [f"of {', '.join(map(str, covering))}"] if len(covering) > 1 else []
+        differences = _env_differences(group, baseline[baseline["run_id"].astype(str).isin(chosen)])
+        why += [f"timed with {'; '.join(differences)}"] if differences else []
+        if why:
+            flagged.append(f"{run_id} divides by {', '.join(chosen)} ({'; '.join(why)})")
     if not flagged:
         return None
-    return (f"{len(flagged)} run(s) without their own AR baseline among these files were paired with one of several: "
-            f"{'; '.join(flagged)}. Speedups across runs mix two sessions' timings; compare a run with its own baseline.")
+    return (f"{len(flagged)} run(s) without their own AR baseline among these files divide by another run's, chosen "
+            f"among several or timed in another set-up: {'; '.join(flagged)}. Their speedups mix two measurements' "
+            "timings; compare a run with its own baseline.")
 
 
 def shared_cpu_note(df: pd.DataFrame) -> str | None:

@@ -765,6 +765,24 @@ def test_compare_pairs_a_run_with_its_own_baseline_whatever_the_file_order():
     assert baseline_note(frame(*fast_day, orphan)) is None  # one baseline only: nothing to choose between
 
 
+def test_a_run_divided_by_a_baseline_timed_in_another_set_up_is_named():
+    """One baseline only, but measured by other code (another session) or on another CPU: the speedup still
+    divides by it, and the note says which run, by which baseline, and what differs."""
+    from specbench.report import baseline_note
+
+    base = [ar_row(p, decode_s=1.0, run_id="sweep.ar-baseline", specbench_sha="8c6d8c7", cpu_model="AMD EPYC")
+            for p in ("p0", "p1")]
+    later = [make_row(p, decode_s=0.5, run_id="later", specbench_sha="cd4898c", cpu_model="AMD EPYC") for p in ("p0", "p1")]
+    same = [make_row(p, decode_s=0.5, run_id="cell", specbench_sha="8c6d8c7", cpu_model="AMD EPYC") for p in ("p0", "p1")]
+    assert baseline_note(frame(*base, *same)) is None  # a sweep's cell on its sweep's baseline
+    note = baseline_note(frame(*base, *same, *later))
+    assert note is not None and note.count("divides by") == 1
+    assert "later divides by sweep.ar-baseline (timed with specbench_sha cd4898c, its baseline's 8c6d8c7)" in note
+    assert compare(frame(*base, *later)).set_index("drafter").loc["eagle3", "decode_speedup_sum"] == pytest.approx(2.0)
+    other_cpu = [{**r, "cpu_model": "Intel Xeon", "specbench_sha": "8c6d8c7"} for r in later]
+    assert "cpu_model Intel Xeon, its baseline's AMD EPYC" in baseline_note(frame(*base, *other_cpu))
+
+
 def test_pairing_prefers_the_runs_own_baseline_and_names_the_one_it_chose():
     """pair_with_baseline is the one place that picks a baseline: a run's own (`<run_id>.ar-baseline`) when
     present, whichever file came first; the first covering one otherwise; `run_id_base` says which."""
