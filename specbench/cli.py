@@ -9,10 +9,11 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from specbench.errors import UserError
+from specbench.progress import LoggedProgress
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -139,7 +140,7 @@ def run(
     from specbench import distributed
 
     world = distributed.from_env()  # under torchrun: this rank's share of the prompts, merged on rank 0
-    with Progress(
+    with LoggedProgress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True,
         disable=world is not None and world.rank != 0,
@@ -283,7 +284,7 @@ def train(
 
     world = distributed.from_env()  # under torchrun: data-parallel training, rank 0 displays and writes
     datasets.disable_progress_bars()  # the rich display below shows every stage
-    with Progress(
+    with LoggedProgress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=world is not None and world.rank != 0,
     ) as bar:
@@ -427,7 +428,7 @@ def sweep(
         return
     counts = {"done": 0, "skipped": 0, "failed": 0, "running": 0}
     results: list = []
-    with Progress(
+    with LoggedProgress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
         TimeElapsedColumn(), console=err_console, transient=True,
     ) as bar:
@@ -520,7 +521,7 @@ def tune(
     )
     plan, key, sweep_file = tuning.write_sweep(spec)
     failed: list = []
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
+    with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         overall = bar.add_task(f"tune {drafter}", total=len(plan.cells), label="")
         current = bar.add_task("cell", total=None, label="", visible=plan.executor == "local")
@@ -731,7 +732,7 @@ def hardware_overhead(
         raise UserError(f"--threads must be >= 0, got {threads}")
     if threads:
         torch.set_num_threads(threads)
-    with Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
+    with LoggedProgress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
         job = bar.add_task(f"step overhead on {target}", label="loading")
         tgt = load_target(target, device, dtype)
@@ -775,7 +776,7 @@ def profile(
                                  contexts=measure.parse_ints(contexts, "--contexts"), drafters=tuple(drafter),
                                  repeats=repeats)
     total = len(req.ns) * len(req.contexts) + len(req.drafters)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+    with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err_console, transient=True) as bar:
         job = bar.add_task(f"profiling {target}", total=total, label="loading")
         if compile_:
