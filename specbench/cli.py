@@ -522,7 +522,7 @@ def tune(
     plan, key, sweep_file = tuning.write_sweep(spec)
     failed: list = []
     with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[label]}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                        TimeElapsedColumn(), console=err_console, transient=True) as bar:
         overall = bar.add_task(f"tune {drafter}", total=len(plan.cells), label="")
         current = bar.add_task("cell", total=None, label="", visible=plan.executor == "local")
 
@@ -733,7 +733,7 @@ def hardware_overhead(
     if threads:
         torch.set_num_threads(threads)
     with LoggedProgress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+                        console=err_console, transient=True) as bar:
         job = bar.add_task(f"step overhead on {target}", label="loading")
         tgt = load_target(target, device, dtype)
         result = measure_overhead(tgt, target, nodes=nodes, depth=depth, context=context, repeats=repeats,
@@ -776,14 +776,14 @@ def profile(
                                  contexts=measure.parse_ints(contexts, "--contexts"), drafters=tuple(drafter),
                                  repeats=repeats)
     total = len(req.ns) * len(req.contexts) + len(req.drafters)
-    with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err_console, transient=True) as bar:
-        job = bar.add_task(f"profiling {target}", total=total, label="loading")
-        if compile_:
-            from specbench.static import bucket, check_compile, make_static
-            from specbench.targets import pick_device
+    if compile_:
+        from specbench.static import bucket, check_compile, make_static
+        from specbench.targets import pick_device
 
-            check_compile(pick_device(device))
+        check_compile(pick_device(device))  # a user error before any progress display
+    with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        job = bar.add_task(f"profiling {target}", total=total, label="loading")
         tgt = load_target(target, device, dtype)
         if compile_:
             tgt = make_static(tgt, True, max_len=bucket(max(req.contexts) + max(req.ns) + 1))

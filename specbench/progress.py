@@ -3,8 +3,9 @@
 Rich draws nothing while a bar runs when its console is not a terminal, so a training run started with
 ``nohup ... > train.log`` showed no progress for hours. :class:`LoggedProgress` is rich's
 :class:`~rich.progress.Progress` that, when its console is not a terminal, also prints one plain line
-per task when the task starts, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves,
-and when it completes.
+per task at its first update, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves,
+and when it completes. Nothing is printed when a task is added, so a user error raised before the first
+update (a bad target, --compile on a CPU) stays the one line on stderr.
 """
 
 from __future__ import annotations
@@ -34,11 +35,6 @@ class LoggedProgress(Progress):
         self._last_logged: dict[TaskID, float] = {}
         self._completed_logged: set[TaskID] = set()
         self._described: dict[TaskID, str] = {}
-
-    def add_task(self, description: str, *args: Any, **kwargs: Any) -> TaskID:
-        task_id = super().add_task(description, *args, **kwargs)
-        self._log(task_id)
-        return task_id
 
     def update(self, task_id: TaskID, **kwargs: Any) -> None:
         super().update(task_id, **kwargs)

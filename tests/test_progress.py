@@ -14,7 +14,7 @@ def _bar(terminal: bool):
     return LoggedProgress(console=console), sink
 
 
-def test_a_log_file_gets_a_line_at_the_start_every_interval_and_at_the_end(monkeypatch):
+def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_end(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(progress_mod, "_now", lambda: clock[0])
     bar, sink = _bar(False)
@@ -22,15 +22,16 @@ def test_a_log_file_gets_a_line_at_the_start_every_interval_and_at_the_end(monke
         task = bar.add_task("train", total=500, label="")
         for step in range(1, 501):
             clock[0] += 1.0  # one step a second: a line every 60 steps at most
-            bar.update(task, completed=step, label=f"loss {5 - step / 200:.2f} · [green]ok[/]")
+            bar.update(task, completed=step, label=f"step {step} · [green]ok[/]")
         bar.update(task, completed=500, label="done")  # a second update at 500/500 is not logged again
         other = bar.add_task("cell", total=None, label="loading")
+        bar.update(other, label="loading")
         bar.update(other, description="next cell", completed=0, total=None, label="")  # renamed: logged at once
     lines = [line for line in sink.getvalue().splitlines() if line.strip()]
-    assert lines[0] == "train: 0/500 · 0 s"
+    assert lines[0].startswith("train: 1/500 · step 1 · ok · ")  # nothing when added: the first update
     progress_lines = [line for line in lines if line.startswith("train:")]
     assert 9 <= len(progress_lines) <= 11  # the start, every 60 s over 500 s, the end
-    assert progress_lines[-1].startswith("train: 500/500 · loss 2.50 · ok · ")
+    assert progress_lines[-1].startswith("train: 500/500 · step 500 · ok · ")
     assert "[green]" not in sink.getvalue()  # markup is rendered to plain text, not printed raw
     assert any(line.startswith("cell: loading") for line in lines) and any(line.startswith("next cell: ") for line in lines)
 
