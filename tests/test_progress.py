@@ -2,6 +2,7 @@
 
 import io
 
+import pytest
 from rich.console import Console
 
 from specbench import progress as progress_mod
@@ -14,9 +15,15 @@ def _bar(terminal: bool):
     return LoggedProgress(console=console), sink
 
 
-def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_end(monkeypatch):
-    clock = [1000.0]
-    monkeypatch.setattr(progress_mod, "_now", lambda: clock[0])
+@pytest.fixture
+def clock(monkeypatch):
+    """The progress module's clock, advanced by hand (seconds)."""
+    now = [1000.0]
+    monkeypatch.setattr(progress_mod, "_now", lambda: now[0])
+    return now
+
+
+def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_end(clock):
     bar, sink = _bar(False)
     with bar:
         task = bar.add_task("train", total=500, label="")
@@ -36,9 +43,7 @@ def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_en
     assert any(line.startswith("cell: loading") for line in lines) and any(line.startswith("next cell: ") for line in lines)
 
 
-def test_a_terminal_gets_the_bar_and_no_extra_lines(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(progress_mod, "_now", lambda: clock[0])
+def test_a_terminal_gets_the_bar_and_no_extra_lines(clock):
     bar, sink = _bar(True)
     with bar:
         task = bar.add_task("train", total=3, label="")
