@@ -66,6 +66,7 @@ from drafters.block.model import (
 )
 from specbench.errors import UserError
 from drafters.common.loading import checkpoint_dir, shipped_checkpoint
+from drafters.common.locate import is_checkpoint
 from drafters.common.precision import bf16_autocast, check_precision
 from drafters.common.vocab import draft_vocabulary
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
@@ -126,7 +127,7 @@ class TreeFlashRecipe(BlockRecipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.backbone not in ("auto", "random") and not (checkpoint_dir(self.backbone) / "config.json").is_file():
+        if self.backbone not in ("auto", "random") and not is_checkpoint(checkpoint_dir(self.backbone)):
             raise ValueError(f"backbone '{self.backbone}' is not a DFlash checkpoint directory (no config.json); "
                              "train one with `specbench train --drafter dflash` or leave backbone=auto")
 

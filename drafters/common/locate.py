@@ -32,7 +32,7 @@ def shipped_folder(name: str) -> Path:
 
 def shipped_defaults() -> dict[str, dict[str, str]]:
     """``defaults.toml`` as ``{target: {family: folder}}`` (empty when the file is absent)."""
-    table = files("drafters").joinpath("checkpoints", DEFAULTS_NAME)
+    table = shipped_folder(DEFAULTS_NAME)
     return {t: {f: str(d) for f, d in heads.items()} for t, heads in tomllib.loads(table.read_text()).items()} \
         if table.is_file() else {}
 
@@ -47,7 +47,8 @@ def default_checkpoint_name(family: str, target_name: str) -> str:
     return shipped_defaults().get(target_name, {}).get(family, f"{family}-{target_name}")
 
 
-def _is_checkpoint(folder: Path) -> bool:
+def is_checkpoint(folder: Path) -> bool:
+    """True when ``folder`` holds a checkpoint's config.json."""
     return (folder / "config.json").is_file()
 
 
@@ -56,10 +57,10 @@ def checkpoint_dir(path: str | Path) -> Path:
     path such as the ``drafters/checkpoints/...`` that sweeps and result files record, the same path under
     the project root. The path as given when neither holds a config.json, so the caller's error names it."""
     given = Path(path).expanduser()
-    if given.is_absolute() or _is_checkpoint(given):
+    if given.is_absolute() or is_checkpoint(given):
         return given
     rooted = project_root() / given
-    return rooted if _is_checkpoint(rooted) else given
+    return rooted if is_checkpoint(rooted) else given
 
 
 def recorded_checkpoint(drafter: str, target: str, path: str, loaded_from: str | None) -> tuple[Path | None, str]:
@@ -72,13 +73,13 @@ def recorded_checkpoint(drafter: str, target: str, path: str, loaded_from: str |
     today's default."""
     if path != "auto":
         found = checkpoint_dir(path)
-        return (found if _is_checkpoint(found) else None), path
+        return (found if is_checkpoint(found) else None), path
     candidates = []
     if loaded_from and not loaded_from.startswith("random:"):
         candidates += [Path(loaded_from), shipped_folder(Path(loaded_from).name)]
     candidates.append(shipped_folder(default_checkpoint_name(drafter, target)))
-    return next((c for c in candidates if _is_checkpoint(c)), None), str(candidates[0])
+    return next((c for c in candidates if is_checkpoint(c)), None), str(candidates[0])
 
 
 __all__ = ["DEFAULTS_NAME", "project_root", "shipped_folder", "shipped_defaults", "default_checkpoint_name",
-           "checkpoint_dir", "recorded_checkpoint"]
+           "is_checkpoint", "checkpoint_dir", "recorded_checkpoint"]
