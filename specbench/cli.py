@@ -398,7 +398,7 @@ def drafters() -> None:
         opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
         table.add_row(name, cls.description, opts or "-")
     out_console.print(table)
-    from drafters.common.loading import shipped_defaults
+    from drafters.common.locate import shipped_defaults
 
     for target, heads in shipped_defaults().items():  # what path='auto' loads
         out_console.print(f"path='auto' loads the head that ships for the target; {target}: drafters/checkpoints/"
