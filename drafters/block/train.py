@@ -65,8 +65,8 @@ from drafters.block.model import (
     BIDIRECTIONAL, BIDIRECTIONAL_WITH_CORRECTION, CAUSAL, Backbone, BlockConfig, BlockModel, random_block_model,
 )
 from specbench.errors import UserError
-from drafters.common.loading import checkpoint_dir, shipped_checkpoint
-from drafters.common.locate import is_checkpoint
+from drafters.common.loading import shipped_checkpoint
+from drafters.common.locate import checkpoint_dir, is_checkpoint
 from drafters.common.precision import bf16_autocast, check_precision
 from drafters.common.vocab import draft_vocabulary
 from specbench.train.trainer import Batch, Trainable, TrainRecipe
