@@ -5,7 +5,7 @@ paired with one AR baseline measured in the same run) and writes ``reports/block
 ``reports/figures/block-r200k-budget.png`` (tau and decode speedup against the node budget, one
 panel per task) and the README's claims table, between its ``README_BEGIN`` and ``README_END``
 lines (``tests/test_sweep.py`` checks that the README's table is what this data gives). Cells that have not run yet show as "-", and a claim with a missing cell says so
-instead of a verdict. Each verdict states its rule; none is decided by hand.
+instead of a verdict, unless a measured cell already fails it. Each verdict states its rule; none is decided by hand.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def rules(tasks: list[str], s: dict) -> dict:
 
 
 def _all(oks: list[bool | None]) -> bool | None:
-    return None if any(ok is None for ok in oks) else all(oks)
+    """False once any check fails (a claim over every cell cannot recover), None while one is missing."""
+    return False if False in oks else None if None in oks else True
 
 
 def claim_lines(tasks: list[str], s: dict) -> list[str]:
@@ -90,7 +91,10 @@ def claim_lines(tasks: list[str], s: dict) -> list[str]:
         missing = [t for t, ok, _ in checks if ok is None]
         held = [t for t, ok, _ in checks if ok]
         detail = "; ".join(f"{t}: {d}" for t, _, d in checks)
-        if missing:
+        failed = [t for t, ok, _ in checks if ok is False]
+        if missing and failed:  # an every-cell claim is decided by its first failure
+            word = f"**not reproduced** (fails on {', '.join(failed)}; {', '.join(missing)} not measured yet)"
+        elif missing:
             word = f"not measured yet ({', '.join(missing)} missing)"
         else:
             word = "**reproduced**" if len(held) == len(checks) else f"**not reproduced** (holds on {len(held)} of {len(checks)})"
@@ -117,8 +121,11 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
     rows = ["| claim (rule) | verdict | numbers |", "|---|---|---|"]
 
     def word(oks: list[bool | None], unit: str, target: bool = False) -> str:
-        if any(ok is None for ok in oks):
-            return f"not measured yet ({sum(ok is None for ok in oks)} of {len(oks)} {unit} missing)"
+        n_missing = sum(ok is None for ok in oks)
+        if n_missing and False in oks:  # an every-cell claim is decided by its first failure
+            return f"**not reproduced** (fails on {sum(ok is False for ok in oks)} of {len(oks)} {unit}; {n_missing} not measured yet)"
+        if n_missing:
+            return f"not measured yet ({n_missing} of {len(oks)} {unit} missing)"
         if target:
             return "**reached**" if all(oks) else "**not reached**"
         held = sum(bool(ok) for ok in oks)
@@ -141,22 +148,31 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
     return rows
 
 
-def readme_with_table(text: str, table: list[str]) -> str:
-    """``text`` (the README) with the lines between README_BEGIN and README_END replaced by ``table``."""
-    head, sep, rest = text.partition(README_BEGIN + "\n")
-    _, sep2, tail = rest.partition(README_END)
+def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, end: str = README_END) -> str:
+    """``text`` (the README) with the lines between ``begin`` and ``end`` replaced by ``table``."""
+    head, sep, rest = text.partition(begin + "\n")
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise SystemExit(f"{README} lacks the lines {README_BEGIN!r} and {README_END!r} around the claims table")
+        raise SystemExit(f"{README} lacks the lines {begin!r} and {end!r} around the claims table")
     return head + sep + "\n".join(table) + "\n" + sep2 + tail
 
 
-def main() -> None:
-    plan = sweep.load_sweep(SWEEP)
+HEADS = ("`drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
+         "assistant tokens; their TRAINING.md cards)")
+TITLE = "Block drafters retrained at 200k tokens"
+
+
+def main(sweep_file: Path = SWEEP, out: Path = OUT, figure: Path = FIGURE, heads: str = HEADS, title: str = TITLE,
+         begin: str = README_BEGIN, end: str = README_END) -> None:
+    """Write the report ``out``, the figure and the README's claims table (between ``begin`` and ``end``)
+    from the result files of ``sweep_file``; another table of the same cells on other heads passes its own."""
+    plan = sweep.load_sweep(sweep_file)
     tasks, s = summaries(plan)
-    lines = ["# Block drafters retrained at 200k tokens on smollm2-135m (CPU, greedy)", "",
-             "Written by `python sweeps/block_r200k.py` from `reports/data/block-r200k/` (`specbench sweep sweeps/block_r200k.toml`). "
-             "Heads: `drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
-             "assistant tokens; their TRAINING.md cards), EAGLE-3's 200k head for reference. At most 128 new tokens; budgets count "
+    script = f"sweeps/{sweep_file.with_suffix('.py').name}"
+    lines = [f"# {title} on smollm2-135m (CPU, greedy)", "",
+             f"Written by `python {script}` from `{plan.results_dir}/` "
+             f"(`specbench sweep sweeps/{sweep_file.name}`). "
+             f"Heads: {heads}, EAGLE-3's 200k head for reference. At most 128 new tokens; budgets count "
              "the root; each decode speedup is against its task's AR baseline from the same run.", "",
              "## Claims", ""]
     lines += claim_lines(tasks, s)
@@ -204,17 +220,17 @@ def main() -> None:
         axes[0][0].set_ylabel("tau")
         axes[1][0].set_ylabel("decode speedup over AR (this CPU)")
         axes[0][0].legend(fontsize=7)
-        fig.suptitle("Block drafters retrained at 200k tokens, smollm2-135m, greedy", fontsize=9)
+        fig.suptitle(f"{title}, smollm2-135m, greedy", fontsize=9)
         fig.tight_layout()
-        FIGURE.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(FIGURE, dpi=150)
-        lines += ["", f"![tau and decode speedup against the node budget]({FIGURE.relative_to('reports')})"]
-        print(f"wrote {FIGURE}")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text("\n".join(lines) + "\n")
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(figure, dpi=150)
+        lines += ["", f"![tau and decode speedup against the node budget]({figure.relative_to('reports')})"]
+        print(f"wrote {figure}")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if README.exists():
-        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s)))
+        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s), begin, end))
         print(f"wrote the claims table into {README}")
 
 
