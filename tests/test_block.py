@@ -23,11 +23,11 @@ from safetensors.torch import save_file
 from drafters.ar import ARDrafter
 from drafters.block.checkpoint import load_block, save_block
 from drafters.block.drafter import (
-    DFlashConfig, DFlashDrafter, JetSpecConfig, JetSpecDrafter, TreeFlashConfig, TreeFlashDrafter, transition_tables,
+    DFlashConfig, DFlashDrafter, JetSpecConfig, JetSpecDrafter, TreeFlashConfig, TreeFlashDrafter, TreeFlashStage2, transition_tables,
 )
 from drafters.block.model import BlockModel, ContextCache, build_target_layer_ids, random_block_model
 from drafters.block.train import select_anchors
-from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
+from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_rows, kbest_tree, marginal_tables
 from specbench.decode import generate
 from specbench.drafter import Sampling, available_drafters, parse_config
 from specbench.errors import UserError
@@ -239,6 +239,26 @@ def test_kbest_tree_matches_brute_force(trial):
     assert node_paths(tree) == brute_force_tables(*tables, budget)
 
 
+@pytest.mark.parametrize("trial", range(10))
+def test_kbest_rows_reads_only_the_rows_it_needs(trial):
+    """The row-at-a-time search builds kbest_tree's tree and asks for at most ``budget`` rows, each once
+    per need (what TreeFlash's lazy stage 2 relies on to skip the rest)."""
+    rng = random.Random(300 + trial)
+    d_max, m, k = rng.randint(2, 6), rng.randint(2, 5), rng.randint(1, 4)
+    tokens, logp, nxt = random_tables(rng, d_max, m, k, vocab=60)
+    budget = rng.randint(1, 30)
+    asked = set()
+
+    def row(d, i):
+        asked.add((d, i))
+        return tokens[d, i].tolist(), logp[d, i].tolist(), nxt[d, i].tolist()
+
+    lazy = kbest_rows(7, row, d_max, budget)
+    eager = kbest_tree(7, tokens, logp, nxt, budget)
+    assert lazy.tokens.tolist() == eager.tokens.tolist() and lazy.parents.tolist() == eager.parents.tolist()
+    assert len(asked) <= max(budget - 1, 1) and (budget == 1 or (0, 0) in asked)
+
+
 @pytest.mark.parametrize("trial", range(6))
 def test_marginal_tree_is_best_paths_of_marginals(trial):
     """DDTree: the budget-1 best paths when every parent at depth d shares depth d's marginals."""
@@ -332,6 +352,31 @@ def test_transition_tables_match_slow_loop(setups):
                 for j, tok in enumerate(top.indices.tolist()):
                     want = -1 if d == 4 or tok not in cands[d + 1] else cands[d + 1].index(tok)
                     assert int(nxt[d, i, j]) == want
+
+
+def test_lazy_stage2_builds_the_batched_tree(setups):
+    """TreeFlash's lazy stage 2 computes only the rows the search reaches and builds the same tree as
+    the batched tables, step for step (same drafts, same acceptance), on a non-zero correction."""
+    setup = setups["tiny-llama"]
+    opts = ["path=random", "block_size=8", "budget=12", "top_m=4", "top_k=4", "seed=3"]
+    batched, lazy = make("treeflash", setup.target, opts), make("treeflash", setup.target, opts + ["stage2=lazy"])
+    with torch.no_grad():
+        for drafter in (batched, lazy):  # the same non-zero correction in both (d starts at zero)
+            for p in drafter.model.ar_approximation.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    for prompt in setup.prompts[:2]:
+        a, b = (generate(setup.target, d, prompt, 12, Sampling()).steps for d in (batched, lazy))
+        assert [(x.tree_size, x.accepted) for x in a] == [(x.tree_size, x.accepted) for x in b]
+    hidden = torch.randn(8, setup.target.hidden_size, generator=torch.Generator().manual_seed(5))
+    embed, root = lazy.embed, 9
+    for budget in (1, 5, 12, 40):
+        stage2 = TreeFlashStage2(lazy.model, hidden, embed[root], embed, lazy.lm_head, 4, 4)
+        want = kbest_tree(root, *stage2.tables(), budget)
+        got = kbest_rows(root, stage2.row, stage2.n_depths, budget)
+        assert node_paths(got) == node_paths(want) and got.parents.tolist() == want.parents.tolist()
+        assert len(stage2.computed) <= max(budget - 1, 1)  # at most one row per node that can have children
+        if budget == 12:
+            assert len(stage2.computed) < stage2.n_depths * stage2.m  # fewer than the batched tables' 28
 
 
 def test_zero_correction_equals_marginal_tree(setups):

@@ -4,8 +4,8 @@ They share the backbone (model.py) and this ``propose``; they differ only in the
 inside the block (the checkpoint's ``causal`` flag) and in the tree they build from the one
 forward's scores (:meth:`_BlockDrafter.build_tree`).
 
-One ``propose``, one backbone forward (``DraftTree.n_forwards`` = 1; TreeFlash's batched
-correction pass counts as a second):
+One ``propose``, one backbone forward (``DraftTree.n_forwards`` = 1; TreeFlash's correction pass,
+batched or lazy, counts as a second):
 
 1. the newly committed tokens' target features become context rows (the row of token x[p] is the
    target's state at position p-1: DraftContext.features), appended to every layer's context cache
@@ -31,7 +31,7 @@ from drafters.block.model import (
     BIDIRECTIONAL, BIDIRECTIONAL_WITH_CORRECTION, CAUSAL, Backbone, BlockModel, ContextCache, random_block_model,
 )
 from drafters.block.train import DFlashTraining, JetSpecTraining, TreeFlashTraining
-from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_tree, marginal_tables
+from drafters.block.tree import accum_logp_tree, chain_tree, gap_caps, kbest_rows, kbest_tree, marginal_tables
 from drafters.common.loading import checkpoint_dir, random_identity, shipped_checkpoint
 from specbench.drafter import DraftContext, Drafter, Sampling
 from specbench.tree import DraftTree
@@ -206,10 +206,62 @@ class TreeFlashConfig(_Common):
     ar_approximation: bool = True  # False = ignore the correction: the marginal best-first tree
     temperature: float = 1.0  # drafter temperature of the tree scores (upstream drafter_temperature)
     ar_intermediate_size: int = 0  # random init only: correction width (0 = the drafter's intermediate_size)
+    # how stage 2 computes its (B-1) x top_m corrected rows: "batched" = all of them in one pass (upstream,
+    # one wide matmul); "lazy" = only the rows the best-first search reaches (at most ``budget``), one at
+    # a time: the same tree, a fraction of the lm_head work when budget << (B-1) * top_m (a CPU's case)
+    stage2: str = "batched"
 
     def __post_init__(self) -> None:
         if self.budget < 1 or self.top_m < 1 or self.top_k < 1 or self.temperature <= 0:
             raise ValueError("budget, top_m and top_k must be at least 1, temperature positive")
+        if self.stage2 not in ("batched", "lazy"):
+            raise ValueError(f"stage2 must be 'batched' or 'lazy', got '{self.stage2}'")
+
+
+class TreeFlashStage2:
+    """TreeFlash stage 2 on one block forward: the top-m marginal candidates of every depth and, for a
+    depth d = 1..B-1 and a previous token (the root at depth 1, else one of depth d-1's candidates), the
+    top-k next tokens under the corrected logits. :meth:`rows` computes any set of table rows at once,
+    so the batched tables and the on-demand rows are the same code."""
+
+    def __init__(self, model: BlockModel, hidden: Tensor, root_embed: Tensor, embed: Tensor, lm_head: Tensor,
+                 top_m: int, top_k: int, temperature: float = 1.0):
+        self.model, self.hidden, self.embed, self.lm_head = model, hidden, embed, lm_head
+        self.root_embed = root_embed.to(hidden.dtype)
+        self.k, self.temperature = top_k, temperature
+        marg = model.logits(hidden[:-1], lm_head)  # [B-1, Vd]: positions 0..B-2 (row 0's are replaced by the root)
+        self.m = min(top_m, marg.shape[-1])
+        self.cand = marg.topk(self.m, dim=-1).indices  # [B-1, m] draft ids
+        self.n_depths = hidden.shape[0] - 1
+        self.computed: dict[tuple[int, int], tuple[list, list, list]] = {}  # :meth:`row`'s, computed so far
+
+    def rows(self, d: Tensor, i: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Table rows (d[n], i[n]) -> target-id tokens, log-probs and next-row indices, each [n, k] on
+        the CPU (next row: the token's index among depth d+1's candidates, -1 if it is not one or at the
+        last depth)."""
+        prev = self.embed[self.model.to_target_ids(self.cand[d, i])].to(self.hidden.dtype)  # [n, H]
+        prev[d == 0] = self.root_embed
+        h = self.model.corrected(self.hidden[d + 1], prev)
+        logp = torch.log_softmax(self.model.logits(h, self.lm_head).float() / self.temperature, dim=-1)
+        top = logp.topk(min(self.k, logp.shape[-1]), dim=-1)
+        nxt_cand = self.cand[torch.clamp(d + 1, max=self.n_depths - 1)]  # [n, m]
+        match = top.indices[:, :, None] == nxt_cand[:, None, :]  # [n, k, m]
+        nxt = torch.where(match.any(-1), match.float().argmax(-1), -1)
+        nxt[d == self.n_depths - 1] = -1
+        return self.model.to_target_ids(top.indices).cpu(), top.values.cpu(), nxt.cpu()
+
+    def tables(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Every row at once: tokens, log-probs and next rows, each [B-1, m, k]."""
+        d, i = torch.meshgrid(torch.arange(self.n_depths), torch.arange(self.m), indexing="ij")
+        shape = (self.n_depths, self.m, -1)
+        return tuple(t.reshape(shape) for t in self.rows(d.reshape(-1).to(self.cand.device), i.reshape(-1).to(self.cand.device)))
+
+    def row(self, d: int, i: int) -> tuple[list, list, list]:
+        """One row as lists (:func:`~drafters.block.tree.kbest_rows`' reader), computed when first asked for."""
+        if (d, i) not in self.computed:
+            at = torch.tensor([d], device=self.cand.device), torch.tensor([i], device=self.cand.device)
+            self.computed[(d, i)] = tuple(t[0].tolist() for t in self.rows(*at))
+        return self.computed[(d, i)]
 
 
 def transition_tables(model: BlockModel, hidden: Tensor, root_embed: Tensor, embed: Tensor, lm_head: Tensor,
@@ -218,19 +270,7 @@ def transition_tables(model: BlockModel, hidden: Tensor, root_embed: Tensor, emb
     depth d-1 (the root at depth 1) as the previous token, the top-k next tokens under the corrected
     logits. Returns tokens, log-probs and next-row indices, each [B-1, m, k] (next row: the index of
     the token among depth d's top-m candidates, -1 if it is not one, always -1 at the last depth)."""
-    marg = model.logits(hidden[:-1], lm_head)  # [B-1, Vd]: positions 0..B-2 (row 0 is replaced by the root)
-    m = min(top_m, marg.shape[-1])
-    cand = marg.topk(m, dim=-1).indices  # [B-1, m] draft ids
-    prev = embed[model.to_target_ids(cand)].to(hidden.dtype)  # [B-1, m, H]
-    prev[0] = root_embed.to(hidden.dtype)
-    h = hidden[1:, None, :].expand(-1, m, -1)  # depth d = block position d
-    logp = torch.log_softmax(model.logits(model.corrected(h, prev), lm_head).float() / temperature, dim=-1)
-    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)  # [B-1, m, k]
-    tokens = top.indices
-    match = tokens[:-1, :, :, None] == cand[1:, None, None, :]  # [B-2, m, k, m]: child among depth d+1's candidates
-    nxt = torch.where(match.any(-1), match.float().argmax(-1), torch.full_like(tokens[:-1], -1))
-    nxt = torch.cat([nxt, torch.full_like(tokens[:1], -1)], dim=0)
-    return model.to_target_ids(tokens).cpu(), top.values.cpu(), nxt.cpu()
+    return TreeFlashStage2(model, hidden, root_embed, embed, lm_head, top_m, top_k, temperature).tables()
 
 
 class TreeFlashDrafter(_BlockDrafter):
@@ -240,7 +280,9 @@ class TreeFlashDrafter(_BlockDrafter):
     backbone = BIDIRECTIONAL_WITH_CORRECTION
     test_options = (("block_size=8", "budget=20", "top_m=4", "top_k=4"),
                     ("block_size=8", "budget=12", "top_m=2", "top_k=3"),
-                    ("block_size=8", "budget=20", "top_m=4", "top_k=4", "draft_vocab_size=64"))
+                    ("block_size=8", "budget=20", "top_m=4", "top_k=4", "draft_vocab_size=64"),
+                    ("block_size=8", "budget=20", "top_m=4", "top_k=4", "stage2=lazy"),
+                    ("block_size=8", "budget=12", "top_m=2", "top_k=3", "stage2=lazy", "draft_vocab_size=64"))
 
     @classmethod
     def training(cls):
@@ -253,13 +295,14 @@ class TreeFlashDrafter(_BlockDrafter):
         cfg = self.config
         model = self.model
         if cfg.ar_approximation and model.ar_approximation is not None:
-            tables = transition_tables(model, hidden, self.embed[root], self.embed, self.lm_head, cfg.top_m, cfg.top_k,
-                                       cfg.temperature)
-            return kbest_tree(root, *tables, cfg.budget, n_forwards=2)
+            stage2 = TreeFlashStage2(model, hidden, self.embed[root], self.embed, self.lm_head, cfg.top_m, cfg.top_k, cfg.temperature)
+            if cfg.stage2 == "lazy":
+                return kbest_rows(root, stage2.row, stage2.n_depths, cfg.budget, n_forwards=2)
+            return kbest_tree(root, *stage2.tables(), cfg.budget, n_forwards=2)
         logits = self.depth_logits(hidden)
         return kbest_tree(root, *marginal_tables(*self.top(torch.log_softmax(logits / cfg.temperature, dim=-1), cfg.top_k)),
                           cfg.budget)
 
 
 __all__ = ["DFlashDrafter", "DFlashConfig", "JetSpecDrafter", "JetSpecConfig", "TreeFlashDrafter", "TreeFlashConfig",
-           "transition_tables", "Backbone", "BIDIRECTIONAL", "CAUSAL", "BIDIRECTIONAL_WITH_CORRECTION"]
+           "transition_tables", "TreeFlashStage2", "Backbone", "BIDIRECTIONAL", "CAUSAL", "BIDIRECTIONAL_WITH_CORRECTION"]

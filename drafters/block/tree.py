@@ -14,6 +14,7 @@ position d; a node's score is the sum of the log-probs along its path from the r
   ``tree_flash.py``): one node per pop; popping a node pushes its next sibling and its first child.
   With one table row per depth (:func:`marginal_tables`) it is the marginal best-first tree, the
   DDTree baseline: exactly the ``budget - 1`` best paths of the per-depth marginals.
+  :func:`kbest_rows` is the same search reading one row at a time, for tables computed on demand.
 """
 
 from __future__ import annotations
@@ -87,23 +88,30 @@ def kbest_tree(root: int, tokens: Tensor, logp: Tensor, next_row: Tensor, budget
     Popping a node adds it and pushes its next sibling and its first child; the heap is keyed by
     cumulative log-prob, ties broken by push order.
     """
-    tk = tokens.tolist()
-    lp = logp.float().tolist()
-    nx = next_row.tolist()
-    d_max, k = len(tk), (len(tk[0][0]) if tk else 0)
+    tk, lp, nx = tokens.tolist(), logp.float().tolist(), next_row.tolist()
+    return kbest_rows(root, lambda d, i: (tk[d][i], lp[d][i], nx[d][i]), len(tk), budget, n_forwards)
+
+
+def kbest_rows(root: int, row, n_depths: int, budget: int, n_forwards: int = 1) -> DraftTree:
+    """:func:`kbest_tree` reading its tables one row at a time: ``row(d, i)`` returns row (d, i)'s
+    (tokens, log-probs, next rows) as lists, best first, all of one length k. Rows are asked for only
+    when the search first needs them (row (0, 0), then a row when a node whose children it lists
+    enters the tree), at most ``budget`` of them, so a caller may compute them on demand."""
     tree = TreeBuilder(root)
     pending = BestFirst()  # candidates (parent node, depth, table row, rank) not yet in the tree
-    if budget > 1 and d_max > 0 and k > 0:
-        pending.push(lp[0][0][0], (0, 0, 0, 0))
+    if budget > 1 and n_depths > 0:
+        first = row(0, 0)
+        if first[0]:
+            pending.push(first[1][0], (0, 0, 0, 0))
     while pending and len(tree) < budget:
-        score, (parent, d, row, rank) = pending.pop()  # a child at depth d + 1 from table row (d, row)
-        node = tree.add(parent, tk[d][row][rank], score)
-        if rank + 1 < k:  # its next sibling
-            pending.push(score - lp[d][row][rank] + lp[d][row][rank + 1], (parent, d, row, rank + 1))
-        child_row = nx[d][row][rank]
-        if d + 1 < d_max and child_row >= 0:  # its first child
-            pending.push(score + lp[d + 1][child_row][0], (node, d + 1, child_row, 0))
+        score, (parent, d, r, rank) = pending.pop()  # a child at depth d + 1 from table row (d, r)
+        tk, lp, nx = row(d, r)
+        node = tree.add(parent, tk[rank], score)
+        if rank + 1 < len(tk):  # its next sibling
+            pending.push(score - lp[rank] + lp[rank + 1], (parent, d, r, rank + 1))
+        if d + 1 < n_depths and nx[rank] >= 0 and len(tree) < budget:  # its first child
+            pending.push(score + row(d + 1, nx[rank])[1][0], (node, d + 1, nx[rank], 0))
     return tree.build(n_forwards=n_forwards)
 
 
-__all__ = ["chain_tree", "accum_logp_tree", "gap_caps", "marginal_tables", "kbest_tree"]
+__all__ = ["chain_tree", "accum_logp_tree", "gap_caps", "marginal_tables", "kbest_tree", "kbest_rows"]
