@@ -379,6 +379,20 @@ def test_lazy_stage2_builds_the_batched_tree(setups):
             assert len(stage2.computed) < stage2.n_depths * stage2.m  # fewer than the batched tables' 28
 
 
+
+@pytest.mark.parametrize("budget", [16, 64, 128])
+def test_committed_stage2_runs_built_the_same_trees(budget):
+    """The README's batched-or-lazy table (reports/data/treeflash-stage2) rests on the two building the
+    same trees on the real head: every prompt's output, tree sizes, depths and accepted lengths match."""
+    from specbench import results
+
+    d = Path(__file__).parent.parent / "reports" / "data" / "treeflash-stage2"
+    batched, lazy = (results.read_results([d / f"treeflash-{budget}-{s}-humaneval.parquet"]) for s in ("batched", "lazy"))
+    assert len(batched) == len(lazy) == 10
+    assert set(lazy["drafter_config"].astype(str).map(lambda c: "lazy" in c)) == {True}
+    for col in ("prompt_id", "output_ids", "accepted_per_step", "tree_size_per_step", "tree_depth_per_step"):
+        assert batched[col].astype(str).tolist() == lazy[col].astype(str).tolist(), col
+
 def test_zero_correction_equals_marginal_tree(setups):
     """An untrained correction (d = 0) changes nothing: with top_m == top_k every table row is its
     depth's marginal top-k and every child is expandable, so the tree is the marginal tree."""

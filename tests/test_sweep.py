@@ -243,7 +243,8 @@ def test_ray_executor_matches_local(tmp_path, prompts):
 @pytest.mark.parametrize("name, n_cells", [("block_bench", 50), ("eagle3", 12), ("eagle3_curve", 5), ("default_target", 5),
                                            ("projected", 7), ("specblock", 35), ("specblock_speed", 35),
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
-                                           ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5)])
+                                           ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
+                                           ("treeflash_stage2", 6)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
