@@ -244,7 +244,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("projected", 7), ("specblock", 35), ("specblock_speed", 35),
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
-                                           ("treeflash_stage2", 6)])
+                                           ("treeflash_stage2", 6), ("block_vocab", 24)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -279,6 +279,49 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
     stale = script.readme_with_table(readme, ["| claim (rule) | verdict | numbers |", "|---|---|---|"])
     assert stale != readme and script.readme_with_table(stale, table) == readme
 
+
+
+def test_readme_vocabulary_table_is_what_the_block_vocab_data_gives(monkeypatch):
+    """The README's full-against-8k-vocabulary table is written by sweeps/block_vocab.py from the committed
+    result files and the two heads' cards, never by hand, and every committed cell is in it."""
+    import importlib.util
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("block_vocab_script", root / "sweeps" / "block_vocab.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(root)
+    plan = sweep.load_sweep(root / "sweeps" / "block_vocab.toml")
+    tasks, cells = script.summaries(plan)
+    committed = [f for f in plan.results_dir.glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
+    assert len(cells) == len(committed)
+    cards = {prefix: script.card(folder) for prefix, _, folder in script.HEADS}
+    table = script.readme_table(tasks, cells, cards)
+    assert sum(line.startswith("| marginal tree") or line.startswith("| chain") for line in table) == len(
+        {(label.split("-", 1)[1], t) for label, t in cells})
+    readme = (root / "README.md").read_text()
+    assert script.readme_with_table(readme, table) == readme
+    stale = script.readme_with_table(readme, ["| head |", "|---|"])
+    assert stale != readme and script.readme_with_table(stale, table) == readme
+
+
+def test_vocabulary_table_pairs_the_heads_cell_by_cell():
+    """Each row holds both heads' numbers for one setting and task; a losing head is visible (NO), a
+    missing one is "-", and the summary's ratios are 8k over full over the cells both heads ran."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("block_vocab_rules", Path(__file__).parent.parent / "sweeps" / "block_vocab.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cell = lambda tau, ms, ok=True: {"tau_micro": tau, "draft_ms": ms, "decode_speedup_sum": 0.5, "lossless": ok}  # noqa: E731
+    s = {("full-marginal-16", "humaneval"): cell(1.8, 100.0), ("v8k-marginal-16", "humaneval"): cell(1.7, 60.0),
+         ("full-chain-16", "humaneval"): cell(1.6, 90.0, ok=False)}
+    rows = script.cells_table(["humaneval", "math500"], s)
+    assert len(rows) == 4  # header, rule, two settings with a cell; math500 has none
+    assert "| 1.80 / 1.70 | 100.0 / 60.0 |" in rows[2] and rows[2].endswith("| yes |")
+    assert "| 1.60 / - |" in rows[3] and rows[3].endswith("| **NO** |")
+    line = script.summary_line(["humaneval", "math500"], s)
+    assert "the 1 cell both" in line and "0.944x" in line and "0.60x" in line
 
 
 def test_block_claims_are_decided_by_a_failure_before_every_cell_is_in():

@@ -1,0 +1,175 @@
+"""A reduced draft vocabulary next to the full one, at 200k tokens: `python sweeps/block_vocab.py`.
+
+Reads ``reports/data/block-vocab/`` (``specbench sweep sweeps/block_vocab.toml``: the DFlash gamma-1 head
+with the target's full vocabulary and the same recipe with ``draft_vocab_size=8192``, every cell of a task
+paired with one AR baseline measured in the same run) and the two heads' ``training.json`` cards, and
+writes ``reports/block_vocab.md``, ``reports/figures/block-vocab.png`` and the README's table between
+``README_BEGIN`` and ``README_END`` (``tests/test_sweep.py`` checks that the README's table is what this
+data gives). Cells that have not run yet show as "-".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specbench import report, results, sweep  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("block_r200k", Path(__file__).with_name("block_r200k.py"))
+base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(base)
+
+SWEEP = Path(__file__).with_suffix(".toml")
+OUT = Path("reports/block_vocab.md")
+FIGURE = Path("reports/figures/block-vocab.png")
+README = Path("README.md")
+README_BEGIN = "<!-- draft-vocabulary table: written by `python sweeps/block_vocab.py`; do not edit by hand -->"
+README_END = "<!-- end of the draft-vocabulary table -->"
+# (label prefix in the sweep file, display name, checkpoint folder)
+HEADS = (("full", "full (49,152 ids)", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1")),
+         ("v8k", "8,192 ids", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1-v8k")))
+SETTINGS = (("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)"),
+            ("marginal-64", "marginal tree, 64 nodes"))
+DEPTHS = (1, 2, 3, 4, 8)
+_fmt = base._fmt
+summaries = base.summaries
+
+
+def card(folder: Path) -> dict | None:
+    """The head's training.json (held-out metrics, root probe, cost), or None before it is trained."""
+    path = folder / "training.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def heads_table(cards: dict[str, dict | None]) -> list[str]:
+    """One row per head: held-out top-1 by depth, chain tau, root probe, training time and machine."""
+    lines = ["| head | held-out top-1, depths " + " / ".join(map(str, DEPTHS)) + " | chain tau | root probe (true / shuffled) "
+             "| training | trained on |", "|---|---|---:|---|---:|---|"]
+    for prefix, name, _ in HEADS:
+        c = cards.get(prefix)
+        if c is None:
+            lines.append(f"| {name} | - | - | - | - | - |")
+            continue
+        held, probe, hw = c["heldout"], c["root_probe"], c["hardware"]
+        accs = " / ".join(_fmt(held.get(f"acc_{d - 1}"), ".3f") for d in DEPTHS)
+        verdict = "flagged: ignores its root" if probe["ignores_root"] else "uses its root"
+        where = hw["device_name"] if hw.get("device", "cpu") != "cpu" else f"{hw['cpu_model']}, {hw['threads']} threads"
+        lines.append(f"| {name} | {accs} | {_fmt(held.get('chain_tau'))} | {_fmt(probe['acc_true_roots'], '.3f')} / "
+                     f"{_fmt(probe['acc_shuffled_roots'], '.3f')} ({verdict}) | {c['seconds']['train_all_calls'] / 60:.1f} min | {where} |")
+    return lines
+
+
+def cells_table(tasks: list[str], s: dict) -> list[str]:
+    """One row per (setting, task): tau, draft ms per step and decode speedup of both heads, and losslessness."""
+    lines = ["| setting | task | tau, full / 8k | draft ms per step, full / 8k | decode speedup over AR, full / 8k | lossless |",
+             "|---|---|---:|---:|---:|---|"]
+    for key, name in SETTINGS:
+        for t in tasks:
+            full, small = s.get((f"full-{key}", t)), s.get((f"v8k-{key}", t))
+            if full is None and small is None:
+                continue
+
+            def pair(field: str, spec: str = ".2f", suffix: str = "") -> str:
+                return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (full, small))
+
+            ok = [c["lossless"] for c in (full, small) if c is not None]
+            lossless = "-" if not ok or None in ok else ("yes" if all(ok) else "**NO**")
+            lines.append(f"| {name} | {t} | {pair('tau_micro')} | {pair('draft_ms', '.1f')} | {pair('decode_speedup_sum', '.2f', 'x')} | {lossless} |")
+    return lines
+
+
+def summary_line(tasks: list[str], s: dict) -> str:
+    """The two heads' ratios over every cell both have: tau and draft time per step, 8k over full."""
+    taus, drafts = [], []
+    for key, _ in SETTINGS:
+        for t in tasks:
+            full, small = s.get((f"full-{key}", t)), s.get((f"v8k-{key}", t))
+            if full is not None and small is not None:
+                taus.append(small["tau_micro"] / full["tau_micro"])
+                drafts.append(small["draft_ms"] / full["draft_ms"])
+    if not taus:
+        return "No cell has both heads yet."
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the 8k head's tau is {mean(taus):.3f}x the full head's "
+            f"(range {min(taus):.3f} to {max(taus):.3f}) and its drafting time per step {mean(drafts):.2f}x "
+            f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
+
+
+def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None]) -> list[str]:
+    return heads_table(cards) + [""] + cells_table(tasks, s) + ["", summary_line(tasks, s)]
+
+
+def readme_with_table(text: str, table: list[str]) -> str:
+    return base.readme_with_table(text, table, README_BEGIN, README_END)
+
+
+def figure(tasks: list[str], s: dict, path: Path) -> bool:
+    """Tau, draft ms per step and decode speedup of both heads, per task, one column per setting."""
+    keys = [(k, n) for k, n in SETTINGS if any((f"{p}-{k}", t) in s for p, _, _ in HEADS for t in tasks)]
+    if not keys:
+        return False
+    metrics = (("tau_micro", "tau"), ("draft_ms", "draft ms / step"), ("decode_speedup_sum", "decode speedup over AR"))
+    fig, axes = plt.subplots(len(metrics), len(keys), figsize=(3.4 * len(keys), 7.2), squeeze=False, sharex=True)
+    width = 0.38
+    for j, (key, name) in enumerate(keys):
+        for i, (field, ylabel) in enumerate(metrics):
+            ax = axes[i][j]
+            for k, (prefix, head, _) in enumerate(HEADS):
+                ys = [s[(f"{prefix}-{key}", t)][field] if (f"{prefix}-{key}", t) in s else float("nan") for t in tasks]
+                ax.bar([x + (k - 0.5) * width for x in range(len(tasks))], ys, width, label=head)
+            if field == "decode_speedup_sum":
+                ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.set_xticks(range(len(tasks)), tasks, fontsize=7)
+            ax.grid(axis="y", alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+        axes[0][j].set_title(name, fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("DFlash gamma 1 at 200k tokens: full draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    plan = sweep.load_sweep(SWEEP)
+    tasks, s = summaries(plan)
+    cards = {prefix: card(folder) for prefix, _, folder in HEADS}
+    lines = ["# A reduced draft vocabulary against the full one: DFlash gamma 1 at 200k tokens (CPU, greedy)", "",
+             f"Written by `python sweeps/block_vocab.py` from `{plan.results_dir}/` (`specbench sweep sweeps/block_vocab.toml`) "
+             "and the heads' `training.json`. Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, "
+             "bf16, 3 epochs; only `draft_vocab_size` differs. At most 128 new tokens; each decode speedup is against its "
+             "task's AR baseline from the same run.", "", "## The heads", ""]
+    lines += heads_table(cards)
+    lines += ["", "## Every cell", ""] + cells_table(tasks, s) + ["", summary_line(tasks, s)]
+    files = sorted(plan.results_dir.glob("*.parquet"))
+    if files:
+        df = results.read_results(files)
+        machines = sorted(set(df["cpu_model"].astype(str))) if "cpu_model" in df else []
+        if machines:
+            lines += ["", "Measured on: " + ", ".join(machines) + "."]
+        if (note := report.shared_cpu_note(df)) is not None:
+            lines += ["", f"**Warning:** {note}"]
+    if figure(tasks, s, FIGURE):
+        lines += ["", f"![tau, draft time and decode speedup of both heads]({FIGURE.relative_to('reports')})"]
+        print(f"wrote {FIGURE}")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if README.exists():
+        text = README.read_text()
+        if README_BEGIN in text:
+            README.write_text(readme_with_table(text, readme_table(tasks, s, cards)))
+            print(f"wrote the draft-vocabulary table into {README}")
+
+
+if __name__ == "__main__":
+    main()
