@@ -677,8 +677,8 @@ CHECKPOINTS = Path(__file__).parent.parent / "drafters" / "checkpoints"
 @pytest.mark.parametrize("family,folder", [(f, d.name) for f in SHIPPED
                                            for d in sorted(CHECKPOINTS.glob(f"{f}-smollm2-135m*"))])
 def test_shipped_smollm2_checkpoints_are_package_data(family, folder):
-    """Every block head that ships for the default target (the default and the 40k one) is in its
-    released layout, fp16, with a card."""
+    """Every block head that ships for the default target (the defaults and the other named heads) is in
+    its released layout, fp16, with a card; a reduced-vocabulary head (folder `-v<N>k`) adds its d2t / t2d."""
     from safetensors import safe_open
 
     causal, treeflash, max_mb = SHIPPED[family]
@@ -691,9 +691,18 @@ def test_shipped_smollm2_checkpoints_are_package_data(family, folder):
     mask = torch.load(path / "mask_embedding.pt", weights_only=True)
     assert isinstance(mask, torch.Tensor) and mask.shape == (576,) and mask.dtype == torch.float16
     assert (path / "model.safetensors").stat().st_size <= max_mb * 2**20
+    reduced = "draft_vocab_size" in cfg  # the named reduced-vocabulary variant (d2t / t2d maps)
+    assert reduced == bool(cfg["specbench"].get("reduced_draft_vocabulary", False)) == folder.endswith(f"-v{cfg.get('draft_vocab_size', 0) // 1024}k")
     with safe_open(str(path / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
+        keys = set(f.keys()) - ({"d2t", "t2d"} if reduced else set())
         assert all(f.get_tensor(k).dtype == torch.float16 for k in keys)
+        if reduced:
+            from drafters.common.vocab import target_ids_of
+
+            d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+            ids = target_ids_of(d2t)
+            assert d2t.shape == (cfg["draft_vocab_size"],) and t2d.shape == (49152,) and t2d.dtype == torch.bool
+            assert int(t2d.sum()) == len(set(ids.tolist())) == cfg["draft_vocab_size"] and bool(t2d[ids].all())
     backbone = {k.removeprefix("model.") for k in keys if not k.startswith("ar_approximation.")}
     assert backbone == dflash_keys(cfg["num_hidden_layers"])
     assert all(k.startswith(("model.", "ar_approximation.")) for k in keys) == treeflash
