@@ -5,7 +5,8 @@ with the target's full vocabulary and the same recipe with ``draft_vocab_size=81
 paired with one AR baseline measured in the same run) and the two heads' ``training.json`` cards, and
 writes ``reports/block_vocab.md``, ``reports/figures/block-vocab.png`` and the README's table between
 ``README_BEGIN`` and ``README_END`` (``tests/test_sweep.py`` checks that the README's table is what this
-data gives). Cells that have not run yet show as "-".
+data gives). Cells that have not run yet show as "-". Another family's pair of heads passes its own
+:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -25,20 +27,40 @@ _spec = importlib.util.spec_from_file_location("block_r200k", Path(__file__).wit
 base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
-SWEEP = Path(__file__).with_suffix(".toml")
-OUT = Path("reports/block_vocab.md")
-FIGURE = Path("reports/figures/block-vocab.png")
 README = Path("README.md")
-README_BEGIN = "<!-- draft-vocabulary table: written by `python sweeps/block_vocab.py`; do not edit by hand -->"
-README_END = "<!-- end of the draft-vocabulary table -->"
-# (label prefix in the sweep file, display name, checkpoint folder)
-HEADS = (("full", "full (49,152 ids)", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1")),
-         ("v8k", "8,192 ids", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1-v8k")))
-SETTINGS = (("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)"),
-            ("marginal-64", "marginal tree, 64 nodes"))
 DEPTHS = (1, 2, 3, 4, 8)
 _fmt = base._fmt
 summaries = base.summaries
+
+
+class Comparison(NamedTuple):
+    """One family's two heads (full and reduced vocabulary) on one sweep, and where its report goes."""
+
+    sweep: Path
+    out: Path
+    figure: Path
+    begin: str  # the README's marker lines around the generated table
+    end: str
+    heads: tuple  # (label prefix in the sweep file, display name, checkpoint folder), full head first
+    settings: tuple  # (label suffix in the sweep file, display name): cell f"{prefix}-{suffix}"
+    title: str
+    intro: str
+
+
+DFLASH = Comparison(
+    sweep=Path(__file__).with_suffix(".toml"), out=Path("reports/block_vocab.md"),
+    figure=Path("reports/figures/block-vocab.png"),
+    begin="<!-- draft-vocabulary table: written by `python sweeps/block_vocab.py`; do not edit by hand -->",
+    end="<!-- end of the draft-vocabulary table -->",
+    heads=(("full", "full (49,152 ids)", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1")),
+           ("v8k", "8,192 ids", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1-v8k"))),
+    settings=(("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)"),
+              ("marginal-64", "marginal tree, 64 nodes")),
+    title="DFlash gamma 1 at 200k tokens",
+    intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
+          "`draft_vocab_size` differs.")
+COMPARISON = DFLASH  # this script's comparison (tests/test_sweep.py reads each script's COMPARISON)
+SWEEP, HEADS, SETTINGS, README_BEGIN, README_END = DFLASH.sweep, DFLASH.heads, DFLASH.settings, DFLASH.begin, DFLASH.end
 
 
 def card(folder: Path) -> dict | None:
@@ -47,11 +69,11 @@ def card(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def heads_table(cards: dict[str, dict | None]) -> list[str]:
+def heads_table(cards: dict[str, dict | None], heads: tuple = HEADS) -> list[str]:
     """One row per head: held-out top-1 by depth, chain tau, root probe, training time and machine."""
     lines = ["| head | held-out top-1, depths " + " / ".join(map(str, DEPTHS)) + " | chain tau | root probe (true / shuffled) "
              "| training | trained on |", "|---|---|---:|---|---:|---|"]
-    for prefix, name, _ in HEADS:
+    for prefix, name, _ in heads:
         c = cards.get(prefix)
         if c is None:
             lines.append(f"| {name} | - | - | - | - | - |")
@@ -65,62 +87,65 @@ def heads_table(cards: dict[str, dict | None]) -> list[str]:
     return lines
 
 
-def cells_table(tasks: list[str], s: dict) -> list[str]:
+def _pairs(tasks: list[str], s: dict, heads: tuple, settings: tuple):
+    """(setting name, task, full head's cell, reduced head's cell) for every setting and task with a cell."""
+    (full, _, _), (small, _, _) = heads
+    for key, name in settings:
+        for t in tasks:
+            a, b = s.get((f"{full}-{key}", t)), s.get((f"{small}-{key}", t))
+            if a is not None or b is not None:
+                yield name, t, a, b
+
+
+def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS) -> list[str]:
     """One row per (setting, task): tau, draft ms per step and decode speedup of both heads, and losslessness."""
     lines = ["| setting | task | tau, full / 8k | draft ms per step, full / 8k | decode speedup over AR, full / 8k | lossless |",
              "|---|---|---:|---:|---:|---|"]
-    for key, name in SETTINGS:
-        for t in tasks:
-            full, small = s.get((f"full-{key}", t)), s.get((f"v8k-{key}", t))
-            if full is None and small is None:
-                continue
+    for name, t, full, small in _pairs(tasks, s, heads, settings):
 
-            def pair(field: str, spec: str = ".2f", suffix: str = "") -> str:
-                return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (full, small))
+        def pair(field: str, spec: str = ".2f", suffix: str = "") -> str:
+            return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (full, small))
 
-            ok = [c["lossless"] for c in (full, small) if c is not None]
-            lossless = "-" if not ok or None in ok else ("yes" if all(ok) else "**NO**")
-            lines.append(f"| {name} | {t} | {pair('tau_micro')} | {pair('draft_ms', '.1f')} | {pair('decode_speedup_sum', '.2f', 'x')} | {lossless} |")
+        ok = [c["lossless"] for c in (full, small) if c is not None]
+        lossless = "-" if not ok or None in ok else ("yes" if all(ok) else "**NO**")
+        lines.append(f"| {name} | {t} | {pair('tau_micro')} | {pair('draft_ms', '.1f')} | {pair('decode_speedup_sum', '.2f', 'x')} | {lossless} |")
     return lines
 
 
-def summary_line(tasks: list[str], s: dict) -> str:
+def summary_line(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS) -> str:
     """The two heads' ratios over every cell both have: tau and draft time per step, 8k over full."""
-    taus, drafts = [], []
-    for key, _ in SETTINGS:
-        for t in tasks:
-            full, small = s.get((f"full-{key}", t)), s.get((f"v8k-{key}", t))
-            if full is not None and small is not None:
-                taus.append(small["tau_micro"] / full["tau_micro"])
-                drafts.append(small["draft_ms"] / full["draft_ms"])
-    if not taus:
+    both = [(full, small) for _, _, full, small in _pairs(tasks, s, heads, settings) if full is not None and small is not None]
+    if not both:
         return "No cell has both heads yet."
+    taus = [small["tau_micro"] / full["tau_micro"] for full, small in both]
+    drafts = [small["draft_ms"] / full["draft_ms"] for full, small in both]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the 8k head's tau is {mean(taus):.3f}x the full head's "
             f"(range {min(taus):.3f} to {max(taus):.3f}) and its drafting time per step {mean(drafts):.2f}x "
             f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
 
 
-def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None]) -> list[str]:
-    return heads_table(cards) + [""] + cells_table(tasks, s) + ["", summary_line(tasks, s)]
+def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], heads: tuple = HEADS,
+                 settings: tuple = SETTINGS) -> list[str]:
+    return heads_table(cards, heads) + [""] + cells_table(tasks, s, heads, settings) + ["", summary_line(tasks, s, heads, settings)]
 
 
-def readme_with_table(text: str, table: list[str]) -> str:
-    return base.readme_with_table(text, table, README_BEGIN, README_END)
+def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, end: str = README_END) -> str:
+    return base.readme_with_table(text, table, begin, end)
 
 
-def figure(tasks: list[str], s: dict, path: Path) -> bool:
+def figure(tasks: list[str], s: dict, comp: Comparison) -> bool:
     """Tau, draft ms per step and decode speedup of both heads, per task, one column per setting."""
-    keys = [(k, n) for k, n in SETTINGS if any((f"{p}-{k}", t) in s for p, _, _ in HEADS for t in tasks)]
+    keys = [(k, n) for k, n in comp.settings if any((f"{p}-{k}", t) in s for p, _, _ in comp.heads for t in tasks)]
     if not keys:
         return False
     metrics = (("tau_micro", "tau"), ("draft_ms", "draft ms / step"), ("decode_speedup_sum", "decode speedup over AR"))
-    fig, axes = plt.subplots(len(metrics), len(keys), figsize=(3.4 * len(keys), 7.2), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(metrics), len(keys), figsize=(max(6.4, 3.4 * len(keys)), 7.2), squeeze=False, sharex=True)
     width = 0.38
     for j, (key, name) in enumerate(keys):
         for i, (field, ylabel) in enumerate(metrics):
             ax = axes[i][j]
-            for k, (prefix, head, _) in enumerate(HEADS):
+            for k, (prefix, head, _) in enumerate(comp.heads):
                 ys = [s[(f"{prefix}-{key}", t)][field] if (f"{prefix}-{key}", t) in s else float("nan") for t in tasks]
                 ax.bar([x + (k - 0.5) * width for x in range(len(tasks))], ys, width, label=head)
             if field == "decode_speedup_sum":
@@ -131,25 +156,26 @@ def figure(tasks: list[str], s: dict, path: Path) -> bool:
                 ax.set_ylabel(ylabel)
         axes[0][j].set_title(name, fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("DFlash gamma 1 at 200k tokens: full draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
+    fig.suptitle(f"{comp.title}: full draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    comp.figure.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(comp.figure, dpi=150)
     plt.close(fig)
     return True
 
 
-def main() -> None:
-    plan = sweep.load_sweep(SWEEP)
+def main(comp: Comparison = DFLASH) -> None:
+    plan = sweep.load_sweep(comp.sweep)
     tasks, s = summaries(plan)
-    cards = {prefix: card(folder) for prefix, _, folder in HEADS}
-    lines = ["# A reduced draft vocabulary against the full one: DFlash gamma 1 at 200k tokens (CPU, greedy)", "",
-             f"Written by `python sweeps/block_vocab.py` from `{plan.results_dir}/` (`specbench sweep sweeps/block_vocab.toml`) "
-             "and the heads' `training.json`. Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, "
-             "bf16, 3 epochs; only `draft_vocab_size` differs. At most 128 new tokens; each decode speedup is against its "
+    cards = {prefix: card(folder) for prefix, _, folder in comp.heads}
+    script = f"sweeps/{comp.sweep.with_suffix('.py').name}"
+    lines = [f"# A reduced draft vocabulary against the full one: {comp.title} (CPU, greedy)", "",
+             f"Written by `python {script}` from `{plan.results_dir}/` (`specbench sweep sweeps/{comp.sweep.name}`) "
+             f"and the heads' `training.json`. {comp.intro} At most 128 new tokens; each decode speedup is against its "
              "task's AR baseline from the same run.", "", "## The heads", ""]
-    lines += heads_table(cards)
-    lines += ["", "## Every cell", ""] + cells_table(tasks, s) + ["", summary_line(tasks, s)]
+    lines += heads_table(cards, comp.heads)
+    lines += ["", "## Every cell", ""] + cells_table(tasks, s, comp.heads, comp.settings)
+    lines += ["", summary_line(tasks, s, comp.heads, comp.settings)]
     files = sorted(plan.results_dir.glob("*.parquet"))
     if files:
         df = results.read_results(files)
@@ -158,16 +184,16 @@ def main() -> None:
             lines += ["", "Measured on: " + ", ".join(machines) + "."]
         if (note := report.shared_cpu_note(df)) is not None:
             lines += ["", f"**Warning:** {note}"]
-    if figure(tasks, s, FIGURE):
-        lines += ["", f"![tau, draft time and decode speedup of both heads]({FIGURE.relative_to('reports')})"]
-        print(f"wrote {FIGURE}")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text("\n".join(lines) + "\n")
+    if figure(tasks, s, comp):
+        lines += ["", f"![tau, draft time and decode speedup of both heads]({comp.figure.relative_to('reports')})"]
+        print(f"wrote {comp.figure}")
+    comp.out.parent.mkdir(exist_ok=True)
+    comp.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if README.exists():
         text = README.read_text()
-        if README_BEGIN in text:
-            README.write_text(readme_with_table(text, readme_table(tasks, s, cards)))
+        if comp.begin in text:
+            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp.heads, comp.settings), comp.begin, comp.end))
             print(f"wrote the draft-vocabulary table into {README}")
 
 

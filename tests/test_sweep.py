@@ -244,7 +244,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("projected", 7), ("specblock", 35), ("specblock_speed", 35),
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
-                                           ("treeflash_stage2", 6), ("block_vocab", 24)])
+                                           ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -281,28 +281,34 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
 
 
 
-def test_readme_vocabulary_table_is_what_the_block_vocab_data_gives(monkeypatch):
-    """The README's full-against-8k-vocabulary table is written by sweeps/block_vocab.py from the committed
-    result files and the two heads' cards, never by hand, and every committed cell is in it."""
+@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab"])
+def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
+    """The README's full-against-8k-vocabulary tables (DFlash: block_vocab; TreeFlash: treeflash_vocab) are
+    written by sweeps/<name>.py from the committed result files and the two heads' cards, never by hand,
+    and every committed cell is in them."""
     import importlib.util
 
     root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("block_vocab_script", root / "sweeps" / "block_vocab.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    scripts = {}
+    for n in ("block_vocab", name):
+        spec = importlib.util.spec_from_file_location(f"{n}_script", root / "sweeps" / f"{n}.py")
+        scripts[n] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[n])
+    lib, comp = scripts["block_vocab"], scripts[name].COMPARISON
     monkeypatch.chdir(root)
-    plan = sweep.load_sweep(root / "sweeps" / "block_vocab.toml")
-    tasks, cells = script.summaries(plan)
+    plan = sweep.load_sweep(comp.sweep)
+    assert plan.results_dir.name == name.replace("_", "-")
+    tasks, cells = lib.summaries(plan)
     committed = [f for f in plan.results_dir.glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     assert len(cells) == len(committed)
-    cards = {prefix: script.card(folder) for prefix, _, folder in script.HEADS}
-    table = script.readme_table(tasks, cells, cards)
-    assert sum(line.startswith("| marginal tree") or line.startswith("| chain") for line in table) == len(
-        {(label.split("-", 1)[1], t) for label, t in cells})
+    cards = {prefix: lib.card(folder) for prefix, _, folder in comp.heads}
+    table = lib.readme_table(tasks, cells, cards, comp.heads, comp.settings)
+    names = tuple(f"| {n} |" for _, n in comp.settings)
+    assert sum(line.startswith(names) for line in table) == len({(label.split("-", 1)[1], t) for label, t in cells})
     readme = (root / "README.md").read_text()
-    assert script.readme_with_table(readme, table) == readme
-    stale = script.readme_with_table(readme, ["| head |", "|---|"])
-    assert stale != readme and script.readme_with_table(stale, table) == readme
+    assert lib.readme_with_table(readme, table, comp.begin, comp.end) == readme
+    stale = lib.readme_with_table(readme, ["| head |", "|---|"], comp.begin, comp.end)
+    assert stale != readme and lib.readme_with_table(stale, table, comp.begin, comp.end) == readme
 
 
 def test_vocabulary_table_pairs_the_heads_cell_by_cell():
