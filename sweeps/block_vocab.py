@@ -156,7 +156,7 @@ def figure(tasks: list[str], s: dict, comp: Comparison) -> bool:
                 ax.set_ylabel(ylabel)
         axes[0][j].set_title(name, fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{comp.title}: full draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
+    fig.suptitle(f"{comp.title}:\nfull draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
     fig.tight_layout()
     comp.figure.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(comp.figure, dpi=150)
