@@ -45,6 +45,7 @@ class Comparison(NamedTuple):
     settings: tuple  # (label suffix in the sweep file, display name): cell f"{prefix}-{suffix}"
     title: str
     intro: str
+    short: tuple = ("full", "8k")  # the two heads' names in the table's column headers and the summary line
 
 
 DFLASH = Comparison(
@@ -97,9 +98,11 @@ def _pairs(tasks: list[str], s: dict, heads: tuple, settings: tuple):
                 yield name, t, a, b
 
 
-def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS) -> list[str]:
+def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS,
+                short: tuple = DFLASH.short) -> list[str]:
     """One row per (setting, task): tau, draft ms per step and decode speedup of both heads, and losslessness."""
-    lines = ["| setting | task | tau, full / 8k | draft ms per step, full / 8k | decode speedup over AR, full / 8k | lossless |",
+    both = " / ".join(short)
+    lines = [f"| setting | task | tau, {both} | draft ms per step, {both} | decode speedup over AR, {both} | lossless |",
              "|---|---|---:|---:|---:|---|"]
     for name, t, full, small in _pairs(tasks, s, heads, settings):
 
@@ -112,22 +115,25 @@ def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple
     return lines
 
 
-def summary_line(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS) -> str:
-    """The two heads' ratios over every cell both have: tau and draft time per step, 8k over full."""
+def summary_line(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS,
+                 short: tuple = DFLASH.short) -> str:
+    """The two heads' ratios over every cell both have: tau and draft time per step, reduced over full."""
     both = [(full, small) for _, _, full, small in _pairs(tasks, s, heads, settings) if full is not None and small is not None]
     if not both:
         return "No cell has both heads yet."
     taus = [small["tau_micro"] / full["tau_micro"] for full, small in both]
     drafts = [small["draft_ms"] / full["draft_ms"] for full, small in both]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the 8k head's tau is {mean(taus):.3f}x the full head's "
+    return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the {short[1]} head's tau is "
+            f"{mean(taus):.3f}x the {short[0]} head's "
             f"(range {min(taus):.3f} to {max(taus):.3f}) and its drafting time per step {mean(drafts):.2f}x "
             f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
 
 
 def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], heads: tuple = HEADS,
-                 settings: tuple = SETTINGS) -> list[str]:
-    return heads_table(cards, heads) + [""] + cells_table(tasks, s, heads, settings) + ["", summary_line(tasks, s, heads, settings)]
+                 settings: tuple = SETTINGS, short: tuple = DFLASH.short) -> list[str]:
+    return (heads_table(cards, heads) + [""] + cells_table(tasks, s, heads, settings, short)
+            + ["", summary_line(tasks, s, heads, settings, short)])
 
 
 def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, end: str = README_END) -> str:
@@ -156,7 +162,8 @@ def figure(tasks: list[str], s: dict, comp: Comparison) -> bool:
                 ax.set_ylabel(ylabel)
         axes[0][j].set_title(name, fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{comp.title}:\nfull draft vocabulary against 8,192 ids (smollm2-135m, CPU, greedy)", fontsize=9)
+    fig.suptitle(f"{comp.title}:\n{comp.heads[0][1]} draft vocabulary against {comp.heads[1][1]} "
+                 "(smollm2-135m, CPU, greedy)", fontsize=9)
     fig.tight_layout()
     comp.figure.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(comp.figure, dpi=150)
@@ -174,8 +181,8 @@ def main(comp: Comparison = DFLASH) -> None:
              f"and the heads' `training.json`. {comp.intro} At most 128 new tokens; each decode speedup is against its "
              "task's AR baseline from the same run.", "", "## The heads", ""]
     lines += heads_table(cards, comp.heads)
-    lines += ["", "## Every cell", ""] + cells_table(tasks, s, comp.heads, comp.settings)
-    lines += ["", summary_line(tasks, s, comp.heads, comp.settings)]
+    lines += ["", "## Every cell", ""] + cells_table(tasks, s, comp.heads, comp.settings, comp.short)
+    lines += ["", summary_line(tasks, s, comp.heads, comp.settings, comp.short)]
     files = sorted(plan.results_dir.glob("*.parquet"))
     if files:
         df = results.read_results(files)
@@ -193,7 +200,8 @@ def main(comp: Comparison = DFLASH) -> None:
     if README.exists():
         text = README.read_text()
         if comp.begin in text:
-            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp.heads, comp.settings), comp.begin, comp.end))
+            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp.heads, comp.settings, comp.short), comp.begin,
+                                                    comp.end))
             print(f"wrote the draft-vocabulary table into {README}")
 
 

@@ -244,7 +244,8 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("projected", 7), ("specblock", 35), ("specblock_speed", 35),
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
-                                           ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8)])
+                                           ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
+                                           ("jetspec_vocab", 24)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -302,7 +303,7 @@ def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name)
     committed = [f for f in plan.results_dir.glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     assert len(cells) == len(committed)
     cards = {prefix: lib.card(folder) for prefix, _, folder in comp.heads}
-    table = lib.readme_table(tasks, cells, cards, comp.heads, comp.settings)
+    table = lib.readme_table(tasks, cells, cards, comp.heads, comp.settings, comp.short)
     names = tuple(f"| {n} |" for _, n in comp.settings)
     assert sum(line.startswith(names) for line in table) == len({(label.split("-", 1)[1], t) for label, t in cells})
     readme = (root / "README.md").read_text()
@@ -328,6 +329,10 @@ def test_vocabulary_table_pairs_the_heads_cell_by_cell():
     assert "| 1.60 / - |" in rows[3] and rows[3].endswith("| **NO** |")
     line = script.summary_line(["humaneval", "math500"], s)
     assert "the 1 cell both" in line and "0.944x" in line and "0.60x" in line
+    assert "tau, full / 8k |" in rows[0] and "the 8k head's tau" in line
+    # another pair names its heads in the header and the summary line (a Comparison's `short`)
+    assert "tau, 49k / 4k |" in script.cells_table(["humaneval"], s, short=("49k", "4k"))[0]
+    assert "the 4k head's tau is 0.944x the 49k head's" in script.summary_line(["humaneval"], s, short=("49k", "4k"))
 
 
 def test_block_claims_are_decided_by_a_failure_before_every_cell_is_in():
