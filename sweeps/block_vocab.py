@@ -6,7 +6,7 @@ paired with one AR baseline measured in the same run) and the two heads' ``train
 writes ``reports/block_vocab.md``, ``reports/figures/block-vocab.png`` and the README's table between
 ``README_BEGIN`` and ``README_END`` (``tests/test_sweep.py`` checks that the README's table is what this
 data gives). Cells that have not run yet show as "-". Another family's pair of heads passes its own
-:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``).
+:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``, ``sweeps/jetspec_vocab.py``).
 """
 
 from __future__ import annotations

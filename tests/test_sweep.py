@@ -282,11 +282,11 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
 
 
 
-@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab"])
+@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab"])
 def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
-    """The README's full-against-8k-vocabulary tables (DFlash: block_vocab; TreeFlash: treeflash_vocab) are
-    written by sweeps/<name>.py from the committed result files and the two heads' cards, never by hand,
-    and every committed cell is in them."""
+    """The README's full-against-8k-vocabulary tables (DFlash: block_vocab; TreeFlash: treeflash_vocab;
+    JetSpec: jetspec_vocab) are written by sweeps/<name>.py from the committed result files and the two
+    heads' cards, never by hand, and every committed cell is in them."""
     import importlib.util
 
     root = Path(__file__).parent.parent
