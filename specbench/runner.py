@@ -235,6 +235,12 @@ def validate(spec: RunSpec) -> list[Prompt]:
     parse_config(cls.Config, list(spec.options))
     if spec.drafter_path is not None and not takes_checkpoint(cls):
         raise UserError(f"drafter '{spec.drafter}' loads no checkpoint; drop --drafter-path")
+    if spec.drafter_path is not None and str(spec.drafter_path) != "auto":
+        from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
+
+        if not checkpoint_dir(spec.drafter_path).is_dir():  # before the target is fetched and loaded
+            raise UserError(f"{spec.drafter} checkpoint '{spec.drafter_path}' is not a directory; "
+                            "pass the folder holding config.json and model.safetensors")
     if spec.resume and spec.out is None:
         raise UserError("--resume needs --out FILE.parquet of the interrupted run")
     if spec.out is not None and Path(spec.out).suffix != ".parquet":

@@ -380,6 +380,8 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "out-folder": ([*ok, "--out", str(tmp / "dir.parquet")], ("dir.parquet", "is a folder")),
         "out-suffix": ([*ok, "--out", str(tmp / "res" / "run.csv")], (".parquet", "run.csv")),
         "drafter-path": ([*ok, "--drafter-path", str(tmp)], ("ngram", "loads no checkpoint", "--drafter-path")),
+        "missing-checkpoint": (["--drafter", "eagle3", *ok, "--drafter-path", str(tmp / "no-head")],
+                               ("eagle3", "no-head", "is not a directory", "config.json")),
         "resume-no-out": ([*ok, "--resume"], ("--resume", "--out")),
     }
 
@@ -387,7 +389,7 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
 BAD_IDS = [
     "drafter", "task", "category", "target", "set-key", "set-value", "set-invalid", "max-new-tokens",
     "temperature", "top-p", "limit", "top-k", "device", "dtype", "out-folder", "task-file-missing",
-    "task-file-json", "too-long", "unwritable", "out-suffix", "drafter-path", "resume-no-out",
+    "task-file-json", "too-long", "unwritable", "out-suffix", "drafter-path", "missing-checkpoint", "resume-no-out",
 ]
 
 

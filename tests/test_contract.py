@@ -162,6 +162,26 @@ def test_a_drafter_path_is_read_as_given_else_under_the_project_root(tmp_path, m
         cls(target, parse_config(cls.Config, ["path=heads/none"]))
 
 
+def test_a_missing_checkpoint_folder_is_refused_before_the_target_loads(tmp_path):
+    """A --drafter-path that is no folder (here or under the project root) is a one-line error before the
+    target is fetched or loaded (a real target takes tens of seconds to convert on first use)."""
+    from specbench import runner
+
+    def load_target(spec):
+        raise AssertionError("the target was loaded before the checkpoint path was checked")
+
+    for path in (tmp_path / "no-head", Path("drafters/checkpoints/no-such-head")):
+        spec = runner.RunSpec(drafter="eagle3", target="tiny-llama", task="humaneval", limit=1, max_new_tokens=4,
+                              drafter_path=path, out=tmp_path / "run.parquet")
+        with pytest.raises(UserError, match="no-.*head' is not a directory; pass the folder holding config.json"):
+            runner.run(spec, load_target)
+    assert not (tmp_path / "run.parquet").exists()
+    # a shipped folder given relative to the project root passes the check from any working folder
+    spec = runner.RunSpec(drafter="eagle3", target="tiny-llama", task="humaneval", limit=1,
+                          drafter_path=Path("drafters/checkpoints/eagle3-smollm2-135m-r200k"))
+    assert runner.validate(spec)
+
+
 def test_resume_with_other_weights_at_the_same_path_is_refused(tmp_path, wide_console):
     from drafters.eagle3 import random_head, save_eagle3
     from specbench import runner
