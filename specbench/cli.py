@@ -137,6 +137,7 @@ def run(
         compile=compile_,
     )
     runner.validate(spec)  # user errors surface before any progress display or model load
+    runner.check_checkpoint_exists(spec)
     from specbench import distributed
 
     world = distributed.from_env()  # under torchrun: this rank's share of the prompts, merged on rank 0

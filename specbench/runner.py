@@ -235,12 +235,6 @@ def validate(spec: RunSpec) -> list[Prompt]:
     parse_config(cls.Config, list(spec.options))
     if spec.drafter_path is not None and not takes_checkpoint(cls):
         raise UserError(f"drafter '{spec.drafter}' loads no checkpoint; drop --drafter-path")
-    if spec.drafter_path is not None and str(spec.drafter_path) != "auto":
-        from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
-
-        if not checkpoint_dir(spec.drafter_path).is_dir():  # before the target is fetched and loaded
-            raise UserError(f"{spec.drafter} checkpoint '{spec.drafter_path}' is not a directory; "
-                            "pass the folder holding config.json and model.safetensors")
     if spec.resume and spec.out is None:
         raise UserError("--resume needs --out FILE.parquet of the interrupted run")
     if spec.out is not None and Path(spec.out).suffix != ".parquet":
@@ -248,9 +242,22 @@ def validate(spec: RunSpec) -> list[Prompt]:
     return prompts
 
 
+def check_checkpoint_exists(spec: RunSpec) -> None:
+    """A ``--drafter-path`` that is no folder fails here, before the target is fetched and loaded (a real
+    target's first use downloads and converts it). Not part of :func:`validate`: a sweep file may name
+    heads that its own training steps have not written yet, and it is checked when the cell runs."""
+    if spec.drafter_path is not None and str(spec.drafter_path) != "auto":
+        from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
+
+        if not checkpoint_dir(spec.drafter_path).is_dir():
+            raise UserError(f"{spec.drafter} checkpoint '{spec.drafter_path}' is not a directory; "
+                            "pass the folder holding config.json and model.safetensors")
+
+
 def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) -> RunOutcome:
     """Run ``spec``; ``load_target(spec)`` returns a Target; ``progress(done, total, label)`` reports."""
     prompts = validate(spec)
+    check_checkpoint_exists(spec)
     out = Path(spec.out) if spec.out is not None else Path(spec.results_dir) / f"{default_run_id(spec)}.parquet"
     writer = results.RunWriter(out, resume=spec.resume)
 
