@@ -247,11 +247,10 @@ def check_checkpoint_exists(spec: RunSpec) -> None:
     target's first use downloads and converts it). Not part of :func:`validate`: a sweep file may name
     heads that its own training steps have not written yet, and it is checked when the cell runs."""
     if spec.drafter_path is not None and str(spec.drafter_path) != "auto":
+        from drafters.common.loading import require_folder
         from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
 
-        if not checkpoint_dir(spec.drafter_path).is_dir():
-            raise UserError(f"{spec.drafter} checkpoint '{spec.drafter_path}' is not a directory; "
-                            "pass the folder holding config.json and model.safetensors")
+        require_folder(checkpoint_dir(spec.drafter_path), f"{spec.drafter} checkpoint '{spec.drafter_path}'")
 
 
 def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) -> RunOutcome:

@@ -47,10 +47,15 @@ def write_checkpoint(path: str | Path, config: dict, tensors: dict[str, torch.Te
     return out
 
 
-def read_config(src: Path, where: str, parse: Callable[[dict], C]) -> C:
-    """``parse(config.json)`` of directory ``src``; missing, broken or invalid configs are one line."""
+def require_folder(src: Path, where: str) -> None:
+    """A checkpoint path that is no folder is one line naming it (``where``) and what to pass instead."""
     if not src.is_dir():
         raise UserError(f"{where} is not a directory; pass the folder holding config.json and model.safetensors")
+
+
+def read_config(src: Path, where: str, parse: Callable[[dict], C]) -> C:
+    """``parse(config.json)`` of directory ``src``; missing, broken or invalid configs are one line."""
+    require_folder(src, where)
     if not (src / "config.json").exists():
         raise UserError(f"{where} has no config.json")
     try:
@@ -144,6 +149,6 @@ def shipped_checkpoint(family: str, target_name: str, train_hint: str = "") -> P
     return folder
 
 
-__all__ = ["read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
+__all__ = ["require_folder", "read_config", "check_made_for", "read_weights", "load_checked", "random_identity", "shipped_checkpoint",
            "default_checkpoint_name", "shipped_defaults", "checkpoint_dir", "DEFAULTS_NAME",
            "WEIGHTS_NAME", "LEGACY_WEIGHTS_NAME"]
