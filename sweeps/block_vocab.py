@@ -4,9 +4,10 @@ Reads ``reports/data/block-vocab/`` (``specbench sweep sweeps/block_vocab.toml``
 with the target's full vocabulary and the same recipe with ``draft_vocab_size=8192``, every cell of a task
 paired with one AR baseline measured in the same run) and the two heads' ``training.json`` cards, and
 writes ``reports/block_vocab.md``, ``reports/figures/block-vocab.png`` and the README's table between
-``README_BEGIN`` and ``README_END`` (``tests/test_sweep.py`` checks that the README's table is what this
+its marker lines (``tests/test_sweep.py`` checks that the README's table is what this
 data gives). Cells that have not run yet show as "-". Another family's pair of heads passes its own
-:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``, ``sweeps/jetspec_vocab.py``).
+:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``, ``sweeps/jetspec_vocab.py``), and so
+does a pair that differs in training epochs (``sweeps/dflash_epochs.py``, ``sweeps/treeflash_epochs.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ summaries = base.summaries
 
 
 class Comparison(NamedTuple):
-    """One family's two heads (full and reduced vocabulary) on one sweep, and where its report goes."""
+    """One family's two heads on one sweep (full and reduced vocabulary, or fewer and more epochs), and where
+    its report goes."""
 
     sweep: Path
     out: Path
@@ -46,6 +48,8 @@ class Comparison(NamedTuple):
     title: str
     intro: str
     short: tuple = ("full", "8k")  # the two heads' names in the table's column headers and the summary line
+    heading: str = "A reduced draft vocabulary against the full one"  # the report's title, before `title`
+    contrast: str = "{a} draft vocabulary against {b}"  # the figure's subtitle, from the heads' display names
 
 
 DFLASH = Comparison(
@@ -61,7 +65,6 @@ DFLASH = Comparison(
     intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
           "`draft_vocab_size` differs.")
 COMPARISON = DFLASH  # this script's comparison (tests/test_sweep.py reads each script's COMPARISON)
-SWEEP, HEADS, SETTINGS, README_BEGIN, README_END = DFLASH.sweep, DFLASH.heads, DFLASH.settings, DFLASH.begin, DFLASH.end
 
 
 def card(folder: Path) -> dict | None:
@@ -70,7 +73,7 @@ def card(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def heads_table(cards: dict[str, dict | None], heads: tuple = HEADS) -> list[str]:
+def heads_table(cards: dict[str, dict | None], heads: tuple = DFLASH.heads) -> list[str]:
     """One row per head: held-out top-1 by depth, chain tau, root probe, training time and machine."""
     lines = ["| head | held-out top-1, depths " + " / ".join(map(str, DEPTHS)) + " | chain tau | root probe (true / shuffled) "
              "| training | trained on |", "|---|---|---:|---|---:|---|"]
@@ -88,23 +91,22 @@ def heads_table(cards: dict[str, dict | None], heads: tuple = HEADS) -> list[str
     return lines
 
 
-def _pairs(tasks: list[str], s: dict, heads: tuple, settings: tuple):
-    """(setting name, task, full head's cell, reduced head's cell) for every setting and task with a cell."""
-    (full, _, _), (small, _, _) = heads
-    for key, name in settings:
+def _pairs(tasks: list[str], s: dict, comp: Comparison):
+    """(setting name, task, first head's cell, second head's cell) for every setting and task with a cell."""
+    (full, _, _), (small, _, _) = comp.heads
+    for key, name in comp.settings:
         for t in tasks:
             a, b = s.get((f"{full}-{key}", t)), s.get((f"{small}-{key}", t))
             if a is not None or b is not None:
                 yield name, t, a, b
 
 
-def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS,
-                short: tuple = DFLASH.short) -> list[str]:
+def cells_table(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> list[str]:
     """One row per (setting, task): tau, draft ms per step and decode speedup of both heads, and losslessness."""
-    both = " / ".join(short)
+    both = " / ".join(comp.short)
     lines = [f"| setting | task | tau, {both} | draft ms per step, {both} | decode speedup over AR, {both} | lossless |",
              "|---|---|---:|---:|---:|---|"]
-    for name, t, full, small in _pairs(tasks, s, heads, settings):
+    for name, t, full, small in _pairs(tasks, s, comp):
 
         def pair(field: str, spec: str = ".2f", suffix: str = "") -> str:
             return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (full, small))
@@ -115,10 +117,10 @@ def cells_table(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple
     return lines
 
 
-def summary_line(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tuple = SETTINGS,
-                 short: tuple = DFLASH.short) -> str:
-    """The two heads' ratios over every cell both have: tau and draft time per step, reduced over full."""
-    both = [(full, small) for _, _, full, small in _pairs(tasks, s, heads, settings) if full is not None and small is not None]
+def summary_line(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> str:
+    """The two heads' ratios over every cell both have: tau and draft time per step, second head over first."""
+    short = comp.short
+    both = [(full, small) for _, _, full, small in _pairs(tasks, s, comp) if full is not None and small is not None]
     if not both:
         return "No cell has both heads yet."
     taus = [small["tau_micro"] / full["tau_micro"] for full, small in both]
@@ -130,13 +132,11 @@ def summary_line(tasks: list[str], s: dict, heads: tuple = HEADS, settings: tupl
             f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
 
 
-def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], heads: tuple = HEADS,
-                 settings: tuple = SETTINGS, short: tuple = DFLASH.short) -> list[str]:
-    return (heads_table(cards, heads) + [""] + cells_table(tasks, s, heads, settings, short)
-            + ["", summary_line(tasks, s, heads, settings, short)])
+def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], comp: Comparison = DFLASH) -> list[str]:
+    return heads_table(cards, comp.heads) + [""] + cells_table(tasks, s, comp) + ["", summary_line(tasks, s, comp)]
 
 
-def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, end: str = README_END) -> str:
+def readme_with_table(text: str, table: list[str], begin: str = DFLASH.begin, end: str = DFLASH.end) -> str:
     return base.readme_with_table(text, table, begin, end)
 
 
@@ -162,8 +162,8 @@ def figure(tasks: list[str], s: dict, comp: Comparison) -> bool:
                 ax.set_ylabel(ylabel)
         axes[0][j].set_title(name, fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{comp.title}:\n{comp.heads[0][1]} draft vocabulary against {comp.heads[1][1]} "
-                 "(smollm2-135m, CPU, greedy)", fontsize=9)
+    contrast = comp.contrast.format(a=comp.heads[0][1], b=comp.heads[1][1])
+    fig.suptitle(f"{comp.title}:\n{contrast} (smollm2-135m, CPU, greedy)", fontsize=9)
     fig.tight_layout()
     comp.figure.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(comp.figure, dpi=150)
@@ -176,13 +176,12 @@ def main(comp: Comparison = DFLASH) -> None:
     tasks, s = summaries(plan)
     cards = {prefix: card(folder) for prefix, _, folder in comp.heads}
     script = f"sweeps/{comp.sweep.with_suffix('.py').name}"
-    lines = [f"# A reduced draft vocabulary against the full one: {comp.title} (CPU, greedy)", "",
+    lines = [f"# {comp.heading}: {comp.title} (CPU, greedy)", "",
              f"Written by `python {script}` from `{plan.results_dir}/` (`specbench sweep sweeps/{comp.sweep.name}`) "
              f"and the heads' `training.json`. {comp.intro} At most 128 new tokens; each decode speedup is against its "
              "task's AR baseline from the same run.", "", "## The heads", ""]
     lines += heads_table(cards, comp.heads)
-    lines += ["", "## Every cell", ""] + cells_table(tasks, s, comp.heads, comp.settings, comp.short)
-    lines += ["", summary_line(tasks, s, comp.heads, comp.settings, comp.short)]
+    lines += ["", "## Every cell", ""] + cells_table(tasks, s, comp) + ["", summary_line(tasks, s, comp)]
     files = sorted(plan.results_dir.glob("*.parquet"))
     if files:
         df = results.read_results(files)
@@ -200,9 +199,8 @@ def main(comp: Comparison = DFLASH) -> None:
     if README.exists():
         text = README.read_text()
         if comp.begin in text:
-            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp.heads, comp.settings, comp.short), comp.begin,
-                                                    comp.end))
-            print(f"wrote the draft-vocabulary table into {README}")
+            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp), comp.begin, comp.end))
+            print(f"wrote the table between {comp.begin!r} and its end marker into {README}")
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
                                            ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
-                                           ("jetspec_vocab", 24)])
+                                           ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -282,10 +282,11 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
 
 
 
-@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab"])
+@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs"])
 def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
-    """The README's full-against-8k-vocabulary tables (DFlash: block_vocab; TreeFlash: treeflash_vocab;
-    JetSpec: jetspec_vocab) are written by sweeps/<name>.py from the committed result files and the two
+    """The README's two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
+    treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, treeflash_epochs, the
+    latter on the backbone) are written by sweeps/<name>.py from the committed result files and the two
     heads' cards, never by hand, and every committed cell is in them."""
     import importlib.util
 
@@ -303,7 +304,7 @@ def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name)
     committed = [f for f in plan.results_dir.glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     assert len(cells) == len(committed)
     cards = {prefix: lib.card(folder) for prefix, _, folder in comp.heads}
-    table = lib.readme_table(tasks, cells, cards, comp.heads, comp.settings, comp.short)
+    table = lib.readme_table(tasks, cells, cards, comp)
     names = tuple(f"| {n} |" for _, n in comp.settings)
     assert sum(line.startswith(names) for line in table) == len({(label.split("-", 1)[1], t) for label, t in cells})
     readme = (root / "README.md").read_text()
@@ -331,8 +332,9 @@ def test_vocabulary_table_pairs_the_heads_cell_by_cell():
     assert "the 1 cell both" in line and "0.944x" in line and "0.60x" in line
     assert "tau, full / 8k |" in rows[0] and "the 8k head's tau" in line
     # another pair names its heads in the header and the summary line (a Comparison's `short`)
-    assert "tau, 49k / 4k |" in script.cells_table(["humaneval"], s, short=("49k", "4k"))[0]
-    assert "the 4k head's tau is 0.944x the 49k head's" in script.summary_line(["humaneval"], s, short=("49k", "4k"))
+    renamed = script.DFLASH._replace(short=("49k", "4k"))
+    assert "tau, 49k / 4k |" in script.cells_table(["humaneval"], s, renamed)[0]
+    assert "the 4k head's tau is 0.944x the 49k head's" in script.summary_line(["humaneval"], s, renamed)
 
 
 def test_block_claims_are_decided_by_a_failure_before_every_cell_is_in():
