@@ -93,10 +93,10 @@ def heads_table(cards: dict[str, dict | None], heads: tuple = DFLASH.heads) -> l
 
 def _pairs(tasks: list[str], s: dict, comp: Comparison):
     """(setting name, task, first head's cell, second head's cell) for every setting and task with a cell."""
-    (full, _, _), (small, _, _) = comp.heads
+    (first, _, _), (second, _, _) = comp.heads
     for key, name in comp.settings:
         for t in tasks:
-            a, b = s.get((f"{full}-{key}", t)), s.get((f"{small}-{key}", t))
+            a, b = s.get((f"{first}-{key}", t)), s.get((f"{second}-{key}", t))
             if a is not None or b is not None:
                 yield name, t, a, b
 
@@ -106,12 +106,12 @@ def cells_table(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> list[st
     both = " / ".join(comp.short)
     lines = [f"| setting | task | tau, {both} | draft ms per step, {both} | decode speedup over AR, {both} | lossless |",
              "|---|---|---:|---:|---:|---|"]
-    for name, t, full, small in _pairs(tasks, s, comp):
+    for name, t, first, second in _pairs(tasks, s, comp):
 
         def pair(field: str, spec: str = ".2f", suffix: str = "") -> str:
-            return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (full, small))
+            return " / ".join("-" if c is None else _fmt(c[field], spec) + suffix for c in (first, second))
 
-        ok = [c["lossless"] for c in (full, small) if c is not None]
+        ok = [c["lossless"] for c in (first, second) if c is not None]
         lossless = "-" if not ok or None in ok else ("yes" if all(ok) else "**NO**")
         lines.append(f"| {name} | {t} | {pair('tau_micro')} | {pair('draft_ms', '.1f')} | {pair('decode_speedup_sum', '.2f', 'x')} | {lossless} |")
     return lines
@@ -120,11 +120,11 @@ def cells_table(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> list[st
 def summary_line(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> str:
     """The two heads' ratios over every cell both have: tau and draft time per step, second head over first."""
     short = comp.short
-    both = [(full, small) for _, _, full, small in _pairs(tasks, s, comp) if full is not None and small is not None]
+    both = [(first, second) for _, _, first, second in _pairs(tasks, s, comp) if first is not None and second is not None]
     if not both:
         return "No cell has both heads yet."
-    taus = [small["tau_micro"] / full["tau_micro"] for full, small in both]
-    drafts = [small["draft_ms"] / full["draft_ms"] for full, small in both]
+    taus = [second["tau_micro"] / first["tau_micro"] for first, second in both]
+    drafts = [second["draft_ms"] / first["draft_ms"] for first, second in both]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the {short[1]} head's tau is "
             f"{mean(taus):.3f}x the {short[0]} head's "

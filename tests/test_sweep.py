@@ -245,7 +245,8 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5),
                                            ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
-                                           ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8)])
+                                           ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
+                                           ("jetspec_epochs", 16)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -282,11 +283,12 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
 
 
 
-@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs"])
+@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs",
+                                  "jetspec_epochs"])
 def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
     """The README's two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
-    treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, treeflash_epochs, the
-    latter on the backbone) are written by sweeps/<name>.py from the committed result files and the two
+    treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, jetspec_epochs, and
+    treeflash_epochs on the backbone) are written by sweeps/<name>.py from the committed result files and the two
     heads' cards, never by hand, and every committed cell is in them."""
     import importlib.util
 
