@@ -243,14 +243,21 @@ def validate(spec: RunSpec) -> list[Prompt]:
 
 
 def check_checkpoint_exists(spec: RunSpec) -> None:
-    """A ``--drafter-path`` that is no folder fails here, before the target is fetched and loaded (a real
-    target's first use downloads and converts it). Not part of :func:`validate`: a sweep file may name
-    heads that its own training steps have not written yet, and it is checked when the cell runs."""
-    if spec.drafter_path is not None and str(spec.drafter_path) != "auto":
+    """A checkpoint folder that does not exist fails here, before the target is fetched and loaded (a real
+    target's first use downloads and converts it): ``--drafter-path``, or else the last ``--set path=...``
+    (the drafter reads the same value; ``auto`` and ``random`` name no folder). Not part of :func:`validate`:
+    a sweep file may name heads that its own training steps have not written yet, and it is checked when
+    the cell runs."""
+    path = spec.drafter_path
+    if path is None:
+        given = [o.split("=", 1)[1].strip() for o in spec.options
+                 if "=" in o and o.split("=", 1)[0].strip().replace("-", "_") == "path"]
+        path = given[-1] if given else None
+    if path is not None and str(path) not in ("auto", "random"):
         from drafters.common.loading import require_folder
         from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
 
-        require_folder(checkpoint_dir(spec.drafter_path), f"{spec.drafter} checkpoint '{spec.drafter_path}'")
+        require_folder(checkpoint_dir(path), f"{spec.drafter} checkpoint '{path}'")
 
 
 def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) -> RunOutcome:

@@ -176,6 +176,13 @@ def test_a_missing_checkpoint_folder_is_refused_before_the_target_loads(tmp_path
         with pytest.raises(UserError, match="no-.*head' is not a directory; pass the folder holding config.json"):
             runner.run(spec, load_target)
     assert not (tmp_path / "run.parquet").exists()
+    # the same path given as a drafter option is checked as early, and the drafter's own values pass
+    spec = runner.RunSpec(drafter="dflash", target="tiny-llama", task="humaneval", limit=1, max_new_tokens=4,
+                          options=("budget=8", f"path={tmp_path / 'no-head'}"), out=tmp_path / "run.parquet")
+    with pytest.raises(UserError, match="dflash checkpoint '.*no-head' is not a directory"):
+        runner.run(spec, load_target)
+    for value in ("auto", "random"):
+        runner.check_checkpoint_exists(dataclasses.replace(spec, options=(f"path={value}",)))
     # a shipped folder given relative to the project root passes the check from any working folder
     spec = runner.RunSpec(drafter="eagle3", target="tiny-llama", task="humaneval", limit=1,
                           drafter_path=Path("drafters/checkpoints/eagle3-smollm2-135m-r200k"))
