@@ -283,22 +283,50 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
 
 
 
-@pytest.mark.parametrize("name", ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs",
-                                  "jetspec_epochs"])
+def _pairs_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pairs_script", Path(__file__).parent.parent / "sweeps" / "pairs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+PAIRS = ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs", "jetspec_epochs"]
+
+
+def test_every_pair_has_its_sweep_file_and_names_its_own_markers():
+    """sweeps/pairs.py holds one Comparison per two-head sweep file; each pair's report, figure and README markers
+    follow from its name, so no two pairs write the same table."""
+    script = _pairs_script()
+    assert list(script.COMPARISONS) == PAIRS
+    for name, comp in script.COMPARISONS.items():
+        assert comp.sweep.exists() and comp.sweep.stem == name
+        assert comp.out == Path(f"reports/{name}.md") and comp.figure.name == name.replace("_", "-") + ".png"
+        assert f"python sweeps/pairs.py {name}`" in comp.begin and comp.end.endswith(f"{name} table -->")
+        labels = {c.label for c in sweep.load_sweep(comp.sweep).cells}
+        assert labels == {f"{p}-{k}" for p, _, _ in comp.heads for k, _ in comp.settings}  # every cell is in a row
+
+
+def test_pairs_script_names_a_wrong_pair_in_one_line(capsys):
+    script = _pairs_script()
+    assert script.cli(["dflash_e9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no pair named 'dflash_e9'" in err and "dflash_epochs" in err
+    assert script.cli([]) == 2 and script.cli(["--list"]) == 0
+    assert "treeflash_epochs: a better-trained backbone" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", PAIRS)
 def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
     """The README's two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
     treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, jetspec_epochs, and
-    treeflash_epochs on the backbone) are written by sweeps/<name>.py from the committed result files and the two
-    heads' cards, never by hand, and every committed cell is in them."""
-    import importlib.util
-
+    treeflash_epochs on the backbone) are written by
+    `python sweeps/pairs.py <name>` from the committed result files and the two heads' cards, never by hand,
+    and every committed cell is in them."""
     root = Path(__file__).parent.parent
-    scripts = {}
-    for n in ("block_vocab", name):
-        spec = importlib.util.spec_from_file_location(f"{n}_script", root / "sweeps" / f"{n}.py")
-        scripts[n] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(scripts[n])
-    lib, comp = scripts["block_vocab"], scripts[name].COMPARISON
+    lib = _pairs_script()
+    comp = lib.COMPARISONS[name]
     monkeypatch.chdir(root)
     plan = sweep.load_sweep(comp.sweep)
     assert plan.results_dir.name == name.replace("_", "-")
@@ -318,23 +346,20 @@ def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name)
 def test_vocabulary_table_pairs_the_heads_cell_by_cell():
     """Each row holds both heads' numbers for one setting and task; a losing head is visible (NO), a
     missing one is "-", and the summary's ratios are 8k over full over the cells both heads ran."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("block_vocab_rules", Path(__file__).parent.parent / "sweeps" / "block_vocab.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _pairs_script()
+    dflash = script.COMPARISONS["block_vocab"]
     cell = lambda tau, ms, ok=True: {"tau_micro": tau, "draft_ms": ms, "decode_speedup_sum": 0.5, "lossless": ok}  # noqa: E731
     s = {("full-marginal-16", "humaneval"): cell(1.8, 100.0), ("v8k-marginal-16", "humaneval"): cell(1.7, 60.0),
          ("full-chain-16", "humaneval"): cell(1.6, 90.0, ok=False)}
-    rows = script.cells_table(["humaneval", "math500"], s)
+    rows = script.cells_table(["humaneval", "math500"], s, dflash)
     assert len(rows) == 4  # header, rule, two settings with a cell; math500 has none
     assert "| 1.80 / 1.70 | 100.0 / 60.0 |" in rows[2] and rows[2].endswith("| yes |")
     assert "| 1.60 / - |" in rows[3] and rows[3].endswith("| **NO** |")
-    line = script.summary_line(["humaneval", "math500"], s)
+    line = script.summary_line(["humaneval", "math500"], s, dflash)
     assert "the 1 cell both" in line and "0.944x" in line and "0.60x" in line
     assert "tau, full / 8k |" in rows[0] and "the 8k head's tau" in line
     # another pair names its heads in the header and the summary line (a Comparison's `short`)
-    renamed = script.DFLASH._replace(short=("49k", "4k"))
+    renamed = dflash._replace(short=("49k", "4k"))
     assert "tau, 49k / 4k |" in script.cells_table(["humaneval"], s, renamed)[0]
     assert "the 4k head's tau is 0.944x the 49k head's" in script.summary_line(["humaneval"], s, renamed)
 

@@ -1,19 +1,21 @@
-"""A reduced draft vocabulary next to the full one, at 200k tokens: `python sweeps/block_vocab.py`.
+"""Two heads of one family side by side on one sweep: `python sweeps/pairs.py NAME` (`--list` names them).
 
-Reads ``reports/data/block-vocab/`` (``specbench sweep sweeps/block_vocab.toml``: the DFlash gamma-1 head
-with the target's full vocabulary and the same recipe with ``draft_vocab_size=8192``, every cell of a task
-paired with one AR baseline measured in the same run) and the two heads' ``training.json`` cards, and
-writes ``reports/block_vocab.md``, ``reports/figures/block-vocab.png`` and the README's table between
-its marker lines (``tests/test_sweep.py`` checks that the README's table is what this
-data gives). Cells that have not run yet show as "-". Another family's pair of heads passes its own
-:class:`Comparison` to :func:`main` (``sweeps/treeflash_vocab.py``, ``sweeps/jetspec_vocab.py``), and so
-does a pair that differs in training epochs (``sweeps/dflash_epochs.py``, ``sweeps/treeflash_epochs.py``).
+Each pair is a :class:`Comparison` in :data:`COMPARISONS`, named after its sweep file ``sweeps/NAME.toml``
+(``specbench sweep sweeps/NAME.toml``: both heads at each setting, alternating, every task's cells paired
+with one AR baseline measured in the same run). The script reads that sweep's result files and the two
+heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures/NAME.png`` (with "-" for
+"_") and the README's table between the pair's marker lines (``tests/test_sweep.py`` checks that each
+README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
+reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
+``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
+``jetspec_epochs``: 3 against 5).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,6 +30,7 @@ _spec = importlib.util.spec_from_file_location("block_r200k", Path(__file__).wit
 base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
+SWEEPS = Path(__file__).parent
 README = Path("README.md")
 DEPTHS = (1, 2, 3, 4, 8)
 _fmt = base._fmt
@@ -35,15 +38,11 @@ summaries = base.summaries
 
 
 class Comparison(NamedTuple):
-    """One family's two heads on one sweep (full and reduced vocabulary, or fewer and more epochs), and where
-    its report goes."""
+    """One family's two heads on one sweep (full and reduced vocabulary, or fewer and more epochs); its sweep
+    file, report, figure and README markers follow from ``name``."""
 
-    sweep: Path
-    out: Path
-    figure: Path
-    begin: str  # the README's marker lines around the generated table
-    end: str
-    heads: tuple  # (label prefix in the sweep file, display name, checkpoint folder), full head first
+    name: str  # the sweep file's stem: sweeps/{name}.toml
+    heads: tuple  # (label prefix in the sweep file, display name, checkpoint folder), the baseline head first
     settings: tuple  # (label suffix in the sweep file, display name): cell f"{prefix}-{suffix}"
     title: str
     intro: str
@@ -51,20 +50,91 @@ class Comparison(NamedTuple):
     heading: str = "A reduced draft vocabulary against the full one"  # the report's title, before `title`
     contrast: str = "{a} draft vocabulary against {b}"  # the figure's subtitle, from the heads' display names
 
+    @property
+    def sweep(self) -> Path:
+        return SWEEPS / f"{self.name}.toml"
 
-DFLASH = Comparison(
-    sweep=Path(__file__).with_suffix(".toml"), out=Path("reports/block_vocab.md"),
-    figure=Path("reports/figures/block-vocab.png"),
-    begin="<!-- draft-vocabulary table: written by `python sweeps/block_vocab.py`; do not edit by hand -->",
-    end="<!-- end of the draft-vocabulary table -->",
-    heads=(("full", "full (49,152 ids)", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1")),
-           ("v8k", "8,192 ids", Path("drafters/checkpoints/dflash-smollm2-135m-r200k-g1-v8k"))),
-    settings=(("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)"),
-              ("marginal-64", "marginal tree, 64 nodes")),
-    title="DFlash gamma 1 at 200k tokens",
-    intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
-          "`draft_vocab_size` differs.")
-COMPARISON = DFLASH  # this script's comparison (tests/test_sweep.py reads each script's COMPARISON)
+    @property
+    def out(self) -> Path:
+        return Path("reports") / f"{self.name}.md"
+
+    @property
+    def figure(self) -> Path:
+        return Path("reports/figures") / f"{self.name.replace('_', '-')}.png"
+
+    @property
+    def command(self) -> str:
+        return f"python sweeps/pairs.py {self.name}"
+
+    @property
+    def begin(self) -> str:  # the README's marker lines around the generated table
+        return f"<!-- {self.name} table: written by `{self.command}`; do not edit by hand -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- end of the {self.name} table -->"
+
+
+def _ckpt(name: str) -> Path:
+    return Path("drafters/checkpoints") / name
+
+
+_EPOCHS = dict(heading="More training steps against fewer", contrast="{a} against {b}")
+_BACKBONE = dict(settings=(("16", "16 nodes"),), title="TreeFlash on the 8,192-id DFlash gamma-1 backbone at 200k tokens",
+                 heading="A better-trained backbone against the first one", contrast="{a} against {b}")
+_V8K_DFLASH = dict(title="DFlash gamma 1, 8,192-id draft vocabulary, at 200k tokens",
+                   intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, "
+                         "`draft_vocab_size=8192`; only `epochs` differs.")
+_TREEFLASH_STAGE = ("Both heads: TreeFlash's correction trained for 3 epochs (bf16, every anchor, 200,047 regenerated "
+                    "assistant tokens) on a frozen 8,192-id DFlash gamma-1 backbone; only the backbone's epochs differ ")
+_DFLASH_MARGINAL16, _DFLASH_CHAIN16 = ("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)")
+_JETSPEC_TREE16, _JETSPEC_TREE64 = ("tree-16", "cumulative-log-prob tree, 16 nodes"), ("tree-64", "cumulative-log-prob tree, 64 nodes")
+
+COMPARISONS = {c.name: c for c in (
+    Comparison(
+        "block_vocab",
+        heads=(("full", "full (49,152 ids)", _ckpt("dflash-smollm2-135m-r200k-g1")),
+               ("v8k", "8,192 ids", _ckpt("dflash-smollm2-135m-r200k-g1-v8k"))),
+        settings=(_DFLASH_MARGINAL16, _DFLASH_CHAIN16, ("marginal-64", "marginal tree, 64 nodes")),
+        title="DFlash gamma 1 at 200k tokens",
+        intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
+              "`draft_vocab_size` differs."),
+    Comparison(
+        "treeflash_vocab",
+        heads=(("full", "full (49,152 ids)", _ckpt("treeflash-smollm2-135m-r200k-g1bb")),
+               ("v8k", "8,192 ids", _ckpt("treeflash-smollm2-135m-r200k-g1bb-v8k"))),
+        settings=(("16", "16 nodes"),),
+        title="TreeFlash on the gamma-1 backbone at 200k tokens",
+        intro="Both heads: TreeFlash's correction trained on a frozen DFlash gamma-1 backbone (full vocabulary, or "
+              "its 8,192-id twin), every anchor, 200,047 regenerated assistant tokens, bf16, 3 epochs."),
+    Comparison(
+        "jetspec_vocab",
+        heads=(("full", "full (49,152 ids)", _ckpt("jetspec-smollm2-135m-r200k-g1")),
+               ("v8k", "8,192 ids", _ckpt("jetspec-smollm2-135m-r200k-g1-v8k"))),
+        settings=(_JETSPEC_TREE16, ("chain-16", "chain (width 1, 16 nodes)"), _JETSPEC_TREE64),
+        title="JetSpec gamma 1 at 200k tokens",
+        intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
+              "`draft_vocab_size` differs."),
+    Comparison(
+        "dflash_epochs",
+        heads=(("e3", "3 epochs (511 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-v8k")),
+               ("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k"))),
+        settings=(_DFLASH_MARGINAL16, _DFLASH_CHAIN16), short=("3-epoch", "5-epoch"), **_V8K_DFLASH, **_EPOCHS),
+    Comparison(
+        "treeflash_epochs",
+        heads=(("e3", "3-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-v8k")),
+               ("e5", "5-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e5-v8k"))),
+        intro=_TREEFLASH_STAGE + "(3 or 5).", short=("3-epoch backbone", "5-epoch backbone"), **_BACKBONE),
+    Comparison(
+        "jetspec_epochs",
+        heads=(("e3", "3 epochs (511 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-v8k")),
+               ("e5", "5 epochs (849 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e5-v8k"))),
+        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64),
+        title="JetSpec gamma 1, 8,192-id draft vocabulary, at 200k tokens",
+        intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, `draft_vocab_size=8192`; "
+              "only `epochs` differs; the soft labels are the target's distribution restricted to the 8,192 ids.",
+        short=("3-epoch", "5-epoch"), **_EPOCHS),
+)}
 
 
 def card(folder: Path) -> dict | None:
@@ -73,7 +143,7 @@ def card(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def heads_table(cards: dict[str, dict | None], heads: tuple = DFLASH.heads) -> list[str]:
+def heads_table(cards: dict[str, dict | None], heads: tuple) -> list[str]:
     """One row per head: held-out top-1 by depth, chain tau, root probe, training time and machine."""
     lines = ["| head | held-out top-1, depths " + " / ".join(map(str, DEPTHS)) + " | chain tau | root probe (true / shuffled) "
              "| training | trained on |", "|---|---|---:|---|---:|---|"]
@@ -101,7 +171,7 @@ def _pairs(tasks: list[str], s: dict, comp: Comparison):
                 yield name, t, a, b
 
 
-def cells_table(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> list[str]:
+def cells_table(tasks: list[str], s: dict, comp: Comparison) -> list[str]:
     """One row per (setting, task): tau, draft ms per step and decode speedup of both heads, and losslessness."""
     both = " / ".join(comp.short)
     lines = [f"| setting | task | tau, {both} | draft ms per step, {both} | decode speedup over AR, {both} | lossless |",
@@ -117,7 +187,7 @@ def cells_table(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> list[st
     return lines
 
 
-def summary_line(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> str:
+def summary_line(tasks: list[str], s: dict, comp: Comparison) -> str:
     """The two heads' ratios over every cell both have: tau and draft time per step, second head over first."""
     short = comp.short
     both = [(first, second) for _, _, first, second in _pairs(tasks, s, comp) if first is not None and second is not None]
@@ -132,11 +202,11 @@ def summary_line(tasks: list[str], s: dict, comp: Comparison = DFLASH) -> str:
             f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
 
 
-def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], comp: Comparison = DFLASH) -> list[str]:
+def readme_table(tasks: list[str], s: dict, cards: dict[str, dict | None], comp: Comparison) -> list[str]:
     return heads_table(cards, comp.heads) + [""] + cells_table(tasks, s, comp) + ["", summary_line(tasks, s, comp)]
 
 
-def readme_with_table(text: str, table: list[str], begin: str = DFLASH.begin, end: str = DFLASH.end) -> str:
+def readme_with_table(text: str, table: list[str], begin: str, end: str) -> str:
     return base.readme_with_table(text, table, begin, end)
 
 
@@ -171,13 +241,12 @@ def figure(tasks: list[str], s: dict, comp: Comparison) -> bool:
     return True
 
 
-def main(comp: Comparison = DFLASH) -> None:
+def main(comp: Comparison) -> None:
     plan = sweep.load_sweep(comp.sweep)
     tasks, s = summaries(plan)
     cards = {prefix: card(folder) for prefix, _, folder in comp.heads}
-    script = f"sweeps/{comp.sweep.with_suffix('.py').name}"
     lines = [f"# {comp.heading}: {comp.title} (CPU, greedy)", "",
-             f"Written by `python {script}` from `{plan.results_dir}/` (`specbench sweep sweeps/{comp.sweep.name}`) "
+             f"Written by `{comp.command}` from `{plan.results_dir}/` (`specbench sweep sweeps/{comp.sweep.name}`) "
              f"and the heads' `training.json`. {comp.intro} At most 128 new tokens; each decode speedup is against its "
              "task's AR baseline from the same run.", "", "## The heads", ""]
     lines += heads_table(cards, comp.heads)
@@ -203,5 +272,21 @@ def main(comp: Comparison = DFLASH) -> None:
             print(f"wrote the table between {comp.begin!r} and its end marker into {README}")
 
 
+def cli(argv: list[str]) -> int:
+    """``NAME ...`` writes each pair's report; ``--list`` prints the names; a wrong name is one line and 2."""
+    if argv in ([], ["-h"], ["--help"]):
+        print(f"usage: python sweeps/pairs.py NAME [NAME ...] | --list\npairs: {', '.join(COMPARISONS)}")
+        return 0 if argv else 2
+    if argv == ["--list"]:
+        print("\n".join(f"{c.name}: {c.heading.lower()}, {c.title}" for c in COMPARISONS.values()))
+        return 0
+    if unknown := [a for a in argv if a not in COMPARISONS]:
+        print(f"error: no pair named {', '.join(map(repr, unknown))}; pairs: {', '.join(COMPARISONS)}", file=sys.stderr)
+        return 2
+    for name in argv:
+        main(COMPARISONS[name])
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(sys.argv[1:]))
