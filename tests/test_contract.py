@@ -206,3 +206,14 @@ def test_resume_with_other_weights_at_the_same_path_is_refused(tmp_path, wide_co
     save_eagle3(random_head(target, seed=1), head_dir)  # same path and options, other weights
     with pytest.raises(UserError, match="checkpoint_hash"):
         runner.run(dataclasses.replace(spec, resume=True), lambda s: target)
+
+
+def test_readme_links_to_its_own_sections_resolve():
+    """Every `](#anchor)` in the README (its contents line among them) names a heading that exists, by the
+    anchor GitHub derives from the heading's text (lower case, punctuation dropped, spaces to hyphens)."""
+    text = README.read_text()
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    links = re.findall(r"\]\(#([^)]+)\)", text)
+    assert len(links) >= 10  # the contents line
+    assert [a for a in links if a not in slugs] == []
+    assert "metrics-defined-once-in-specbenchreportpy" in slugs  # backticks, commas and slashes drop out
