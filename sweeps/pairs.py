@@ -274,9 +274,12 @@ def main(comp: Comparison) -> None:
 
 def cli(argv: list[str]) -> int:
     """``NAME ...`` writes each pair's report; ``--list`` prints the names; a wrong name is one line and 2."""
-    if argv in ([], ["-h"], ["--help"]):
+    if argv in (["-h"], ["--help"]):
         print(f"usage: python sweeps/pairs.py NAME [NAME ...] | --list\npairs: {', '.join(COMPARISONS)}")
-        return 0 if argv else 2
+        return 0
+    if not argv:
+        print(f"error: name a pair (python sweeps/pairs.py NAME); pairs: {', '.join(COMPARISONS)}", file=sys.stderr)
+        return 2
     if argv == ["--list"]:
         print("\n".join(f"{c.name}: {c.heading.lower()}, {c.title}" for c in COMPARISONS.values()))
         return 0

@@ -313,7 +313,8 @@ def test_pairs_script_names_a_wrong_pair_in_one_line(capsys):
     assert script.cli(["dflash_e9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no pair named 'dflash_e9'" in err and "dflash_epochs" in err
-    assert script.cli([]) == 2 and script.cli(["--list"]) == 0
+    assert script.cli([]) == 2 and "error: name a pair" in capsys.readouterr().err
+    assert script.cli(["--list"]) == 0
     assert "treeflash_epochs: a better-trained backbone" in capsys.readouterr().out
 
 
