@@ -8,7 +8,7 @@ heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures
 README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
-``jetspec_epochs``: 3 against 5).
+``jetspec_epochs``: 3 against 5; ``dflash_e7``: 5 against 7).
 """
 
 from __future__ import annotations
@@ -134,6 +134,11 @@ COMPARISONS = {c.name: c for c in (
         intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, `draft_vocab_size=8192`; "
               "only `epochs` differs; the soft labels are the target's distribution restricted to the 8,192 ids.",
         short=("3-epoch", "5-epoch"), **_EPOCHS),
+    Comparison(
+        "dflash_e7",
+        heads=(("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k")),
+               ("e7", "7 epochs (1,186 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e7-v8k"))),
+        settings=(_DFLASH_MARGINAL16,), short=("5-epoch", "7-epoch"), **_V8K_DFLASH, **_EPOCHS),
 )}
 
 
