@@ -8,7 +8,7 @@ heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures
 README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
-``jetspec_epochs``: 3 against 5; ``dflash_e7``: 5 against 7).
+``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``: 5 against 7).
 """
 
 from __future__ import annotations
@@ -139,6 +139,11 @@ COMPARISONS = {c.name: c for c in (
         heads=(("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k")),
                ("e7", "7 epochs (1,186 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e7-v8k"))),
         settings=(_DFLASH_MARGINAL16,), short=("5-epoch", "7-epoch"), **_V8K_DFLASH, **_EPOCHS),
+    Comparison(
+        "treeflash_e7",
+        heads=(("e5", "5-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e5-v8k")),
+               ("e7", "7-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e7-v8k"))),
+        intro=_TREEFLASH_STAGE + "(5 or 7).", short=("5-epoch backbone", "7-epoch backbone"), **_BACKBONE),
 )}
 
 
