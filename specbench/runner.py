@@ -105,12 +105,14 @@ def default_run_id(spec: RunSpec) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
+def option_pairs(options: tuple[str, ...], drafter_path: Path | None) -> list[str]:
+    """The drafter's ``--set`` pairs, with ``--drafter-path`` last (it wins over a ``--set path=``)."""
+    return list(options) + ([f"path={drafter_path}"] if drafter_path is not None else [])
+
+
 def build_drafter(name: str, target, options: tuple[str, ...], drafter_path: Path | None):
-    cls = drafter_class(name)
-    pairs = list(options)
-    if drafter_path is not None:  # validate() has checked that the drafter takes a checkpoint
-        pairs.append(f"path={drafter_path}")
-    config = parse_config(cls.Config, pairs)
+    cls = drafter_class(name)  # validate() has checked that the drafter takes a checkpoint if one is given
+    config = parse_config(cls.Config, option_pairs(options, drafter_path))
     return cls(target, config), config
 
 
@@ -248,11 +250,8 @@ def check_checkpoint_exists(spec: RunSpec) -> None:
     (the drafter reads the same value; ``auto`` and ``random`` name no folder). Not part of :func:`validate`:
     a sweep file may name heads that its own training steps have not written yet, and it is checked when
     the cell runs."""
-    path = spec.drafter_path
-    if path is None:
-        given = [o.split("=", 1)[1].strip() for o in spec.options
-                 if "=" in o and o.split("=", 1)[0].strip().replace("-", "_") == "path"]
-        path = given[-1] if given else None
+    config = parse_config(drafter_class(spec.drafter).Config, option_pairs(spec.options, spec.drafter_path))
+    path = getattr(config, "path", None)  # the value build_drafter will hand the drafter
     if path is not None and str(path) not in ("auto", "random"):
         from drafters.common.loading import require_folder
         from drafters.common.locate import checkpoint_dir  # where the drafter itself will look
