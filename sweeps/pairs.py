@@ -8,7 +8,7 @@ heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures
 README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
-``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``: 5 against 7).
+``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``, ``jetspec_e7``: 5 against 7).
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ _V8K_DFLASH = dict(title="DFlash gamma 1, 8,192-id draft vocabulary, at 200k tok
                          "`draft_vocab_size=8192`; only `epochs` differs.")
 _TREEFLASH_STAGE = ("Both heads: TreeFlash's correction trained for 3 epochs (bf16, every anchor, 200,047 regenerated "
                     "assistant tokens) on a frozen 8,192-id DFlash gamma-1 backbone; only the backbone's epochs differ ")
+_V8K_JETSPEC = dict(title="JetSpec gamma 1, 8,192-id draft vocabulary, at 200k tokens",
+                    intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, "
+                          "`draft_vocab_size=8192`; only `epochs` differs; the soft labels are the target's "
+                          "distribution restricted to the 8,192 ids.")
 _DFLASH_MARGINAL16, _DFLASH_CHAIN16 = ("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)")
 _JETSPEC_TREE16, _JETSPEC_TREE64 = ("tree-16", "cumulative-log-prob tree, 16 nodes"), ("tree-64", "cumulative-log-prob tree, 64 nodes")
 
@@ -129,11 +133,7 @@ COMPARISONS = {c.name: c for c in (
         "jetspec_epochs",
         heads=(("e3", "3 epochs (511 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-v8k")),
                ("e5", "5 epochs (849 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e5-v8k"))),
-        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64),
-        title="JetSpec gamma 1, 8,192-id draft vocabulary, at 200k tokens",
-        intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, `draft_vocab_size=8192`; "
-              "only `epochs` differs; the soft labels are the target's distribution restricted to the 8,192 ids.",
-        short=("3-epoch", "5-epoch"), **_EPOCHS),
+        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), short=("3-epoch", "5-epoch"), **_V8K_JETSPEC, **_EPOCHS),
     Comparison(
         "dflash_e7",
         heads=(("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k")),
@@ -144,6 +144,11 @@ COMPARISONS = {c.name: c for c in (
         heads=(("e5", "5-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e5-v8k")),
                ("e7", "7-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e7-v8k"))),
         intro=_TREEFLASH_STAGE + "(5 or 7).", short=("5-epoch backbone", "7-epoch backbone"), **_BACKBONE),
+    Comparison(
+        "jetspec_e7",
+        heads=(("e5", "5 epochs (849 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e5-v8k")),
+               ("e7", "7 epochs (1,186 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e7-v8k"))),
+        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), short=("5-epoch", "7-epoch"), **_V8K_JETSPEC, **_EPOCHS),
 )}
 
 
