@@ -94,6 +94,21 @@ _V8K_JETSPEC = dict(title="JetSpec gamma 1, 8,192-id draft vocabulary, at 200k t
 _DFLASH_MARGINAL16, _DFLASH_CHAIN16 = ("marginal-16", "marginal tree, 16 nodes"), ("chain-16", "chain (block 16)")
 _JETSPEC_TREE16, _JETSPEC_TREE64 = ("tree-16", "cumulative-log-prob tree, 16 nodes"), ("tree-64", "cumulative-log-prob tree, 64 nodes")
 
+_DFLASH_8K, _TREEFLASH_8K, _JETSPEC_8K = ("dflash-smollm2-135m-r200k-g1", "treeflash-smollm2-135m-r200k-g1bb",
+                                          "jetspec-smollm2-135m-r200k-g1")  # each 8,192-id head is {stem}[-e{n}]-v8k
+_STEPS = {3: 511, 5: 849, 7: 1186}  # optimizer steps of the 200k-token recipe at each epoch count
+
+
+def _epoch_pair(stem: str, a: int, b: int, backbone: bool = False) -> dict:
+    """``heads`` and ``short`` of one family's 8,192-id heads trained ``a`` and ``b`` epochs (the 3-epoch head's
+    folder has no ``-e3``); ``backbone``: TreeFlash's heads, named after their DFlash backbone's epochs."""
+    def head(n: int) -> tuple:
+        name = f"{n}-epoch backbone" if backbone else f"{n} epochs ({_STEPS[n]:,} steps)"
+        return f"e{n}", name, _ckpt(f"{stem}{'' if n == 3 else f'-e{n}'}-v8k")
+    word = " backbone" if backbone else ""
+    return dict(heads=(head(a), head(b)), short=(f"{a}-epoch{word}", f"{b}-epoch{word}"))
+
+
 COMPARISONS = {c.name: c for c in (
     Comparison(
         "block_vocab",
@@ -119,36 +134,17 @@ COMPARISONS = {c.name: c for c in (
         title="JetSpec gamma 1 at 200k tokens",
         intro="Both heads: every anchor, 200,047 regenerated assistant tokens, gamma 1, bf16, 3 epochs; only "
               "`draft_vocab_size` differs."),
-    Comparison(
-        "dflash_epochs",
-        heads=(("e3", "3 epochs (511 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-v8k")),
-               ("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k"))),
-        settings=(_DFLASH_MARGINAL16, _DFLASH_CHAIN16), short=("3-epoch", "5-epoch"), **_V8K_DFLASH, **_EPOCHS),
-    Comparison(
-        "treeflash_epochs",
-        heads=(("e3", "3-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-v8k")),
-               ("e5", "5-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e5-v8k"))),
-        intro=_TREEFLASH_STAGE + "(3 or 5).", short=("3-epoch backbone", "5-epoch backbone"), **_BACKBONE),
-    Comparison(
-        "jetspec_epochs",
-        heads=(("e3", "3 epochs (511 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-v8k")),
-               ("e5", "5 epochs (849 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e5-v8k"))),
-        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), short=("3-epoch", "5-epoch"), **_V8K_JETSPEC, **_EPOCHS),
-    Comparison(
-        "dflash_e7",
-        heads=(("e5", "5 epochs (849 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e5-v8k")),
-               ("e7", "7 epochs (1,186 steps)", _ckpt("dflash-smollm2-135m-r200k-g1-e7-v8k"))),
-        settings=(_DFLASH_MARGINAL16,), short=("5-epoch", "7-epoch"), **_V8K_DFLASH, **_EPOCHS),
-    Comparison(
-        "treeflash_e7",
-        heads=(("e5", "5-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e5-v8k")),
-               ("e7", "7-epoch backbone", _ckpt("treeflash-smollm2-135m-r200k-g1bb-e7-v8k"))),
-        intro=_TREEFLASH_STAGE + "(5 or 7).", short=("5-epoch backbone", "7-epoch backbone"), **_BACKBONE),
-    Comparison(
-        "jetspec_e7",
-        heads=(("e5", "5 epochs (849 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e5-v8k")),
-               ("e7", "7 epochs (1,186 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e7-v8k"))),
-        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), short=("5-epoch", "7-epoch"), **_V8K_JETSPEC, **_EPOCHS),
+    Comparison("dflash_epochs", settings=(_DFLASH_MARGINAL16, _DFLASH_CHAIN16), **_epoch_pair(_DFLASH_8K, 3, 5),
+               **_V8K_DFLASH, **_EPOCHS),
+    Comparison("treeflash_epochs", intro=_TREEFLASH_STAGE + "(3 or 5).", **_epoch_pair(_TREEFLASH_8K, 3, 5, backbone=True),
+               **_BACKBONE),
+    Comparison("jetspec_epochs", settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), **_epoch_pair(_JETSPEC_8K, 3, 5),
+               **_V8K_JETSPEC, **_EPOCHS),
+    Comparison("dflash_e7", settings=(_DFLASH_MARGINAL16,), **_epoch_pair(_DFLASH_8K, 5, 7), **_V8K_DFLASH, **_EPOCHS),
+    Comparison("treeflash_e7", intro=_TREEFLASH_STAGE + "(5 or 7).", **_epoch_pair(_TREEFLASH_8K, 5, 7, backbone=True),
+               **_BACKBONE),
+    Comparison("jetspec_e7", settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), **_epoch_pair(_JETSPEC_8K, 5, 7),
+               **_V8K_JETSPEC, **_EPOCHS),
 )}
 
 
