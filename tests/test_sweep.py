@@ -247,7 +247,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
                                            ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
                                            ("jetspec_epochs", 16), ("dflash_e7", 8), ("treeflash_e7", 8),
-                                           ("jetspec_e7", 16)])
+                                           ("jetspec_e7", 16), ("block_e7", 64)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -257,9 +257,9 @@ def test_shipped_sweep_files_load(name, n_cells):
         assert not any(c.name == "jetspec-32-gsm8k" for c in plan.cells)
 
 
-@pytest.mark.parametrize("name", ["block_r200k", "block_g1"])
+@pytest.mark.parametrize("name", ["block_r200k", "block_g1", "block_e7"])
 def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
-    """The README's block claims tables (gamma-7 heads: block_r200k; gamma-1 heads: block_g1) are written by
+    """The README's block claims tables (gamma-7 heads: block_r200k; gamma-1 heads: block_g1; 7-epoch 8k heads: block_e7) are written by
     their sweeps/<name>.py from the committed result files, never by hand: rebuilt from the sweep's results
     it must equal the README's, and the writer replaces a stale one."""
     import importlib.util
