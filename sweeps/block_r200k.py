@@ -1,16 +1,21 @@
-"""The block claims table of issue 10 with the 200k-token heads: `python sweeps/block_r200k.py`.
+"""The block claims tables of issue 10: `python sweeps/block_r200k.py [r200k|g1|e7]` (default r200k).
 
-Reads ``reports/data/block-r200k/`` (``specbench sweep sweeps/block_r200k.toml``: every cell of a task
-paired with one AR baseline measured in the same run) and writes ``reports/block_r200k.md``,
-``reports/figures/block-r200k-budget.png`` (tau and decode speedup against the node budget, one
-panel per task) and the README's claims table, between its ``README_BEGIN`` and ``README_END``
-lines (``tests/test_sweep.py`` checks that the README's table is what this data gives). Cells that have not run yet show as "-", and a claim with a missing cell says so
-instead of a verdict, unless a measured cell already fails it. Each verdict states its rule; none is decided by hand.
+One table per set of block heads, each named in ``TABLES``: ``r200k`` the 200k-token heads (gamma 7),
+``g1`` the gamma-1 heads, ``e7`` the 7-epoch heads with the 8,192-id draft vocabulary. Every table has the
+same cells (``specbench sweep sweeps/block_<name>.toml``: every cell of a task paired with one AR
+baseline measured in the same run), rules, report and figure. For table NAME this reads
+``reports/data/block-NAME/`` and writes ``reports/block_NAME.md``, ``reports/figures/block-NAME-budget.png``
+(tau and decode speedup against the node budget, one panel per task) and the README's table between
+that table's own marker lines (``tests/test_sweep.py`` checks that each README table is what its data
+gives). Cells that have not run yet show as "-", and a claim with a missing cell says so instead of a
+verdict, unless a measured cell already fails it. Each verdict states its rule; none is decided by hand.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -19,18 +24,58 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
 
-SWEEP = Path(__file__).with_suffix(".toml")
 BUDGETS = (16, 32, 64, 128)
 # (label prefix, display name) of the families that run at every budget
 CURVES = (("dflash-marginal", "DFlash, marginal tree"), ("jetspec", "JetSpec, causal tree"), ("treeflash", "TreeFlash"))
 # the 16-node extras: (label, display name)
 AT16 = (("dflash-chain-16", "DFlash, chain"), ("jetspec-chain-16", "JetSpec, chain (width 1)"),
         ("jetspec-kbest-16", "JetSpec head, marginal tree"), ("eagle3-16", "EAGLE-3 (200k head), depth 5, top_k 4"))
-OUT = Path("reports/block_r200k.md")
-FIGURE = Path("reports/figures/block-r200k-budget.png")
 README = Path("README.md")
-README_BEGIN = "<!-- claims table: written by `python sweeps/block_r200k.py`; do not edit by hand -->"
-README_END = "<!-- end of the claims table -->"
+SWEEPS = Path(__file__).parent
+
+
+class Table(NamedTuple):
+    """One claims table: its heads and the README lines it goes between; its sweep file, result files,
+    report and figure follow from ``key`` (sweeps/block_{key}.toml, reports/block_{key}.md)."""
+
+    key: str
+    heads: str  # the report's "Heads:" sentence
+    title: str
+    begin: str  # the README's marker lines around the table
+    end: str
+
+    @property
+    def sweep(self) -> Path:
+        return SWEEPS / f"block_{self.key}.toml"
+
+    @property
+    def out(self) -> Path:
+        return Path("reports") / f"block_{self.key}.md"
+
+    @property
+    def figure(self) -> Path:
+        return Path("reports/figures") / f"block-{self.key}-budget.png"
+
+
+def _markers(what: str, key: str, end: str) -> tuple[str, str]:
+    arg = "" if key == "r200k" else f" {key}"
+    return (f"<!-- {what}: written by `python sweeps/block_r200k.py{arg}`; do not edit by hand -->", f"<!-- end of the {end} -->")
+
+
+TABLES = {t.key: t for t in (
+    Table("r200k", "`drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
+          "assistant tokens; their TRAINING.md cards)", "Block drafters retrained at 200k tokens",
+          *_markers("claims table", "r200k", "claims table")),
+    Table("g1", "`drafters/checkpoints/dflash-smollm2-135m-r200k-g1`, `jetspec-smollm2-135m-r200k-g1` and "
+          "`treeflash-smollm2-135m-r200k-g1bb` (TreeFlash on the frozen DFlash gamma-1 head; every anchor, 200k "
+          "regenerated assistant tokens, gamma 1; their TRAINING.md cards)", "Block drafters with gamma 1 at 200k tokens",
+          *_markers("gamma-1 claims table", "g1", "gamma-1 claims table")),
+    Table("e7", "`drafters/checkpoints/dflash-smollm2-135m-r200k-g1-e7-v8k`, `jetspec-smollm2-135m-r200k-g1-e7-v8k` and "
+          "`treeflash-smollm2-135m-r200k-g1bb-e7-v8k` (TreeFlash on the frozen DFlash e7 head; every anchor, 200k "
+          "regenerated assistant tokens, gamma 1, 8,192 draft ids, 7 epochs for the two backbones and 3 for the "
+          "TreeFlash stage; their TRAINING.md cards)", "Block drafters with gamma 1, 8k draft ids and 7 epochs at 200k tokens",
+          *_markers("7-epoch claims table", "e7", "7-epoch claims table")),
+)}
 
 
 def _fmt(x, spec: str = ".2f") -> str:
@@ -148,7 +193,7 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
     return rows
 
 
-def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, end: str = README_END) -> str:
+def readme_with_table(text: str, table: list[str], begin: str = TABLES["r200k"].begin, end: str = TABLES["r200k"].end) -> str:
     """``text`` (the README) with the lines between ``begin`` and ``end`` replaced by ``table``."""
     head, sep, rest = text.partition(begin + "\n")
     _, sep2, tail = rest.partition(end)
@@ -157,18 +202,12 @@ def readme_with_table(text: str, table: list[str], begin: str = README_BEGIN, en
     return head + sep + "\n".join(table) + "\n" + sep2 + tail
 
 
-HEADS = ("`drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
-         "assistant tokens; their TRAINING.md cards)")
-TITLE = "Block drafters retrained at 200k tokens"
-
-
-def main(sweep_file: Path = SWEEP, out: Path = OUT, figure: Path = FIGURE, heads: str = HEADS, title: str = TITLE,
-         begin: str = README_BEGIN, end: str = README_END) -> None:
-    """Write the report ``out``, the figure and the README's claims table (between ``begin`` and ``end``)
-    from the result files of ``sweep_file``; another table of the same cells on other heads passes its own."""
+def main(table: Table) -> None:
+    """Write ``table``'s report, figure and README claims table from the result files of its sweep."""
+    sweep_file, out, figure, heads, title = table.sweep, table.out, table.figure, table.heads, table.title
     plan = sweep.load_sweep(sweep_file)
     tasks, s = summaries(plan)
-    script = f"sweeps/{sweep_file.with_suffix('.py').name}"
+    script = "sweeps/block_r200k.py" + ("" if table.key == "r200k" else f" {table.key}")
     lines = [f"# {title} on smollm2-135m (CPU, greedy)", "",
              f"Written by `python {script}` from `{plan.results_dir}/` "
              f"(`specbench sweep sweeps/{sweep_file.name}`). "
@@ -230,9 +269,26 @@ def main(sweep_file: Path = SWEEP, out: Path = OUT, figure: Path = FIGURE, heads
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if README.exists():
-        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s), begin, end))
+        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s), table.begin, table.end))
         print(f"wrote the claims table into {README}")
 
 
+def cli(argv: list[str]) -> int:
+    """``[NAME]`` writes that table (r200k when none is named); ``--list`` prints the names; a wrong name is
+    one line and exit status 2."""
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: python sweeps/block_r200k.py [NAME] | --list\ntables: {', '.join(TABLES)} (default r200k)")
+        return 0
+    if argv == ["--list"]:
+        print("\n".join(f"{t.key}: {t.title} ({t.sweep.name})" for t in TABLES.values()))
+        return 0
+    if len(argv) > 1 or (argv and argv[0] not in TABLES):
+        print(f"error: no claims table named {' '.join(argv)!r}; name one of {', '.join(TABLES)} "
+              "(python sweeps/block_r200k.py [NAME])", file=sys.stderr)
+        return 2
+    main(TABLES[argv[0] if argv else "r200k"])
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(sys.argv[1:]))

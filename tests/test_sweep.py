@@ -257,30 +257,52 @@ def test_shipped_sweep_files_load(name, n_cells):
         assert not any(c.name == "jetspec-32-gsm8k" for c in plan.cells)
 
 
-@pytest.mark.parametrize("name", ["block_r200k", "block_g1", "block_e7"])
-def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, name):
-    """The README's block claims tables (gamma-7 heads: block_r200k; gamma-1 heads: block_g1; 7-epoch 8k heads: block_e7) are written by
-    their sweeps/<name>.py from the committed result files, never by hand: rebuilt from the sweep's results
+@pytest.mark.parametrize("key", ["r200k", "g1", "e7"])
+def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, key):
+    """The README's block claims tables (gamma-7 heads: r200k; gamma-1 heads: g1; 7-epoch 8k heads: e7) are written by
+    `python sweeps/block_r200k.py KEY` from the committed result files, never by hand: rebuilt from the sweep's results
     it must equal the README's, and the writer replaces a stale one."""
     import importlib.util
 
     root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location(f"{name}_script", root / "sweeps" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location("block_r200k_script", root / "sweeps" / "block_r200k.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    table_def = script.TABLES[key]
+    assert table_def.sweep == root / "sweeps" / f"block_{key}.toml"
     monkeypatch.chdir(root)  # the sweep's results_dir is relative to the repository
-    plan = sweep.load_sweep(root / "sweeps" / f"{name}.toml")
+    plan = sweep.load_sweep(table_def.sweep)
     tasks, cells = script.summaries(plan)
     committed = [f for f in plan.results_dir.glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     assert committed and len(cells) == len(committed)  # every committed cell file is in the table
     assert tasks == ["humaneval", "math500", "gsm8k", "mt-bench"]
-    if name == "block_r200k":
+    if key == "r200k":
         assert len(cells) == 64
     table = script.readme_table(tasks, cells)
     readme = (root / "README.md").read_text()
-    assert script.readme_with_table(readme, table) == readme
-    stale = script.readme_with_table(readme, ["| claim (rule) | verdict | numbers |", "|---|---|---|"])
-    assert stale != readme and script.readme_with_table(stale, table) == readme
+    begin, end = table_def.begin, table_def.end
+    assert f"`python sweeps/block_r200k.py{'' if key == 'r200k' else ' ' + key}`" in begin  # the marker names its command
+    assert script.readme_with_table(readme, table, begin, end) == readme
+    stale = script.readme_with_table(readme, ["| claim (rule) | verdict | numbers |", "|---|---|---|"], begin, end)
+    assert stale != readme and script.readme_with_table(stale, table, begin, end) == readme
+
+
+def test_block_claims_script_names_its_tables_and_refuses_an_unknown_one(capsys):
+    """`python sweeps/block_r200k.py NAME`: --list names every table with its sweep file; a wrong name or two names
+    is one line on stderr and exit status 2, and writes nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("block_r200k_cli", Path(__file__).parent.parent / "sweeps" / "block_r200k.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.cli(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in listed] == ["r200k", "g1", "e7"]
+    assert all(f"(block_{k}.toml)" in line for k, line in zip(script.TABLES, listed))
+    for argv in (["e8"], ["g1", "e7"]):
+        assert script.cli(argv) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and len(out.err.strip().splitlines()) == 1 and "r200k, g1, e7" in out.err
 
 
 
