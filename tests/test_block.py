@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from drafters.ar import ARDrafter
@@ -309,6 +312,44 @@ def test_accum_logp_tree_matches_slow_rule(trial):
         # shared children: every node at depth d has the same first child token
         kids = depths(tree.parents)
         assert set(tree.tokens[kids == 1].tolist()) <= set(top.indices[0].tolist())
+
+
+def expected_accepted(tree, top_tokens, top_logp) -> float:
+    """Expected accepted drafts of ``tree`` when depth d's true token is drawn from the per-depth
+    distribution ``top_logp[d]`` independently of the other depths (the model both trees are built
+    from): the sum over non-root nodes of the probability that every token on the node's path is right."""
+    lp = {(d, int(t)): float(v) for d in range(top_tokens.shape[0]) for t, v in zip(top_tokens[d], top_logp[d])}
+    return sum(math.exp(sum(lp[(d, t)] for d, t in enumerate(path))) for path in node_paths(tree))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), d_max=st.integers(1, 7), w=st.integers(1, 7), budget=st.integers(1, 64),
+       sharpness=st.floats(0.2, 4.0))
+def test_marginal_tree_never_expects_fewer_accepted_than_accum_logp(seed, d_max, w, budget, sharpness):
+    """On the same per-depth top-W tables (one head), the marginal best-first tree holds the budget - 1 best
+    paths, so its expected accepted length under those probabilities is at least JetSpec's cumulative-log-prob
+    tree's, for every table and budget: accum_logp adds ALL children of a popped node, spending nodes on
+    low-scoring siblings. The claims tables' "causal tree > marginal tree on the same head" can therefore only
+    come from the head's per-depth probabilities misjudging acceptance, never from the tree rule itself."""
+    logp = torch.log_softmax(torch.randn(d_max, 40, generator=torch.Generator().manual_seed(seed)) * sharpness, -1)
+    top = logp.topk(w, dim=-1)
+    marginal = kbest_tree(0, *marginal_tables(top.indices, top.values), budget)
+    accum = accum_logp_tree(0, top.indices, top.values, budget)
+    assert marginal.size == accum.size  # both spend the whole budget (or run out of paths together)
+    assert expected_accepted(marginal, top.indices, top.values) >= expected_accepted(accum, top.indices, top.values) - 1e-9
+
+
+def test_accum_logp_spends_budget_on_siblings_the_marginal_tree_skips():
+    """A concrete gap: depth 1 is confident (0.9 on its top token), so the marginal tree goes deep along it
+    while accum_logp's first pop adds all W depth-1 siblings at once."""
+    probs = torch.tensor([[0.9, 0.05, 0.03, 0.02], [0.8, 0.1, 0.06, 0.04], [0.8, 0.1, 0.06, 0.04]])
+    top = torch.log(probs).topk(4, dim=-1)
+    marginal = kbest_tree(0, *marginal_tables(top.indices, top.values), 4)
+    accum = accum_logp_tree(0, top.indices, top.values, 4)
+    assert node_paths(marginal) == {(0,), (0, 0), (0, 0, 0)}  # the chain of top tokens: 0.9 + 0.72 + 0.576
+    assert node_paths(accum) == {(0,), (1,), (2,)}  # all of depth 1's best three: 0.9 + 0.05 + 0.03
+    assert expected_accepted(marginal, top.indices, top.values) == pytest.approx(0.9 + 0.72 + 0.576)
+    assert expected_accepted(accum, top.indices, top.values) == pytest.approx(0.98)
 
 
 def test_gap_caps():
