@@ -35,14 +35,13 @@ SWEEPS = Path(__file__).parent
 
 
 class Table(NamedTuple):
-    """One claims table: its heads and the README lines it goes between; its sweep file, result files,
-    report and figure follow from ``key`` (sweeps/block_{key}.toml, reports/block_{key}.md)."""
+    """One claims table: its heads and the name of its README marker lines; its sweep file, result files,
+    report, figure, command and markers follow from ``key`` (sweeps/block_{key}.toml, reports/block_{key}.md)."""
 
     key: str
     heads: str  # the report's "Heads:" sentence
     title: str
-    begin: str  # the README's marker lines around the table
-    end: str
+    marker: str  # the README's marker lines name the table so: "<!-- {marker}: written by ... -->"
 
     @property
     def sweep(self) -> Path:
@@ -56,25 +55,31 @@ class Table(NamedTuple):
     def figure(self) -> Path:
         return Path("reports/figures") / f"block-{self.key}-budget.png"
 
+    @property
+    def command(self) -> str:
+        return "python sweeps/block_r200k.py" + ("" if self.key == "r200k" else f" {self.key}")
 
-def _markers(what: str, key: str, end: str) -> tuple[str, str]:
-    arg = "" if key == "r200k" else f" {key}"
-    return (f"<!-- {what}: written by `python sweeps/block_r200k.py{arg}`; do not edit by hand -->", f"<!-- end of the {end} -->")
+    @property
+    def begin(self) -> str:
+        return f"<!-- {self.marker}: written by `{self.command}`; do not edit by hand -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- end of the {self.marker} -->"
 
 
 TABLES = {t.key: t for t in (
     Table("r200k", "`drafters/checkpoints/{dflash,jetspec,treeflash}-smollm2-135m-r200k` (every anchor, 200k regenerated "
-          "assistant tokens; their TRAINING.md cards)", "Block drafters retrained at 200k tokens",
-          *_markers("claims table", "r200k", "claims table")),
+          "assistant tokens; their TRAINING.md cards)", "Block drafters retrained at 200k tokens", "claims table"),
     Table("g1", "`drafters/checkpoints/dflash-smollm2-135m-r200k-g1`, `jetspec-smollm2-135m-r200k-g1` and "
           "`treeflash-smollm2-135m-r200k-g1bb` (TreeFlash on the frozen DFlash gamma-1 head; every anchor, 200k "
           "regenerated assistant tokens, gamma 1; their TRAINING.md cards)", "Block drafters with gamma 1 at 200k tokens",
-          *_markers("gamma-1 claims table", "g1", "gamma-1 claims table")),
+          "gamma-1 claims table"),
     Table("e7", "`drafters/checkpoints/dflash-smollm2-135m-r200k-g1-e7-v8k`, `jetspec-smollm2-135m-r200k-g1-e7-v8k` and "
           "`treeflash-smollm2-135m-r200k-g1bb-e7-v8k` (TreeFlash on the frozen DFlash e7 head; every anchor, 200k "
           "regenerated assistant tokens, gamma 1, 8,192 draft ids, 7 epochs for the two backbones and 3 for the "
           "TreeFlash stage; their TRAINING.md cards)", "Block drafters with gamma 1, 8k draft ids and 7 epochs at 200k tokens",
-          *_markers("7-epoch claims table", "e7", "7-epoch claims table")),
+          "7-epoch claims table"),
 )}
 
 
@@ -207,9 +212,8 @@ def main(table: Table) -> None:
     sweep_file, out, figure, heads, title = table.sweep, table.out, table.figure, table.heads, table.title
     plan = sweep.load_sweep(sweep_file)
     tasks, s = summaries(plan)
-    script = "sweeps/block_r200k.py" + ("" if table.key == "r200k" else f" {table.key}")
     lines = [f"# {title} on smollm2-135m (CPU, greedy)", "",
-             f"Written by `python {script}` from `{plan.results_dir}/` "
+             f"Written by `{table.command}` from `{plan.results_dir}/` "
              f"(`specbench sweep sweeps/{sweep_file.name}`). "
              f"Heads: {heads}, EAGLE-3's 200k head for reference. At most 128 new tokens; budgets count "
              "the root; each decode speedup is against its task's AR baseline from the same run.", "",
