@@ -200,6 +200,10 @@ def compare(
     files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
     fmt: str = typer.Option("table", "--format", "-f", help="table (fits the terminal), json, csv or markdown (every field)"),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="list results from several devices together"),
+    lossless_across: bool = typer.Option(
+        False, "--lossless-across-machines",
+        help="greedy rows with no AR baseline on their own machine check lossless against one from another "
+             "(same target, prompt, settings, dtype); speedups still pair per machine; implies --allow-mixed"),
     wide: bool = typer.Option(False, "--wide", help="table: every column, full config, at its natural width"),
     columns: Optional[str] = typer.Option(None, "--columns", help="only these columns, in this order, e.g. task,drafter,tau (any format)"),
     sort: Optional[str] = typer.Option(None, "--sort", help="order rows by this column: numbers high to low, text A to Z"),
@@ -213,11 +217,11 @@ def compare(
     if fmt not in report.FORMATS:
         raise UserError(f"unknown --format '{fmt}'; use table, json, csv or markdown")
     df = results.read_results(results.expand_globs(files))
-    frame = report.compare(df, allow_mixed=allow_mixed, depths=depths)
+    frame = report.compare(df, allow_mixed=allow_mixed, depths=depths, outputs_across_machines=lossless_across)
     # further columns (one per compare row) go into `frame` here, before it is sorted and formatted
     if as_target is not None and not hardware:
         raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
-    notes = []
+    notes = [report.cross_machine_note(frame)]
     if hardware:  # projected, not measured: one row per (compare row, profile), labelled in `projection`
         from specbench.hardware.project import add_projections, unpriced_note
 

@@ -176,8 +176,8 @@ def tokens_per_s(df: pd.DataFrame) -> float:
 # pairing with the AR baseline
 
 
-def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.DataFrame:
-    """Rows of ``df`` joined to their baseline partner on :data:`PAIR_KEYS`.
+def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None, keys: list[str] | None = None) -> pd.DataFrame:
+    """Rows of ``df`` joined to their baseline partner on ``keys`` (default :data:`PAIR_KEYS`).
 
     A run whose own baseline (``<run_id>.ar-baseline``, measured interleaved with it) is among
     ``baseline`` pairs with that one only; a run without one (a sweep's cells share the baseline its
@@ -187,28 +187,58 @@ def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.Da
     pair divides by. Duplicate keys in ``df`` (a benchmark run twice) keep their first row, so each
     (prompt, turn) counts once.
     """
+    keys = PAIR_KEYS if keys is None else keys
     cols = ["n_new_tokens", "prefill_s", "decode_s", "output_ids", *MARGIN_COLUMNS]
-    out_cols = PAIR_KEYS + cols + ["run_id"] + [c + "_base" for c in cols] + ["run_id_base"]
+    out_cols = keys + cols + ["run_id"] + [c + "_base" for c in cols] + ["run_id_base"]
     if baseline is None or df.empty or baseline.empty:
         return pd.DataFrame(columns=out_cols)
 
-    def side(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    def side(frame: pd.DataFrame, unique: list[str]) -> pd.DataFrame:
         missing = [c for c in [*MARGIN_COLUMNS, "run_id"] if c not in frame.columns]  # rows built before they existed
-        frame = frame.assign(**dict.fromkeys(missing)).drop_duplicates(keys, keep="first")
-        return frame[PAIR_KEYS + cols + ["run_id"]].reset_index(drop=True)
+        frame = frame.assign(**dict.fromkeys(missing)).drop_duplicates(unique, keep="first")
+        return frame[keys + cols + ["run_id"]].reset_index(drop=True)
 
-    mine = side(df, PAIR_KEYS)
-    base = side(baseline, PAIR_KEYS + ["run_id"])
+    mine = side(df, keys)
+    base = side(baseline, keys + ["run_id"])
     present = set(base["run_id"].dropna())
     own = mine["run_id"].map(lambda r: f"{r}{BASELINE_SUFFIX}" if isinstance(r, str) and f"{r}{BASELINE_SUFFIX}" in present else None)
     base = base.rename(columns={c: c + "_base" for c in cols + ["run_id"]})
     with_own = mine[own.notna()].assign(run_id_base=own[own.notna()]).reset_index()
-    pairs_own = with_own.merge(base, on=PAIR_KEYS + ["run_id_base"], how="inner")
-    pairs_first = mine[own.isna()].reset_index().merge(base.drop_duplicates(PAIR_KEYS, keep="first"), on=PAIR_KEYS, how="inner")
+    pairs_own = with_own.merge(base, on=keys + ["run_id_base"], how="inner")
+    pairs_first = mine[own.isna()].reset_index().merge(base.drop_duplicates(keys, keep="first"), on=keys, how="inner")
     parts = [p for p in (pairs_own, pairs_first) if not p.empty]
     if not parts:
         return pd.DataFrame(columns=out_cols)
     return pd.concat(parts, ignore_index=True).sort_values("index", kind="stable").reset_index(drop=True)[out_cols]
+
+
+# A greedy output depends on the target, prompt, settings and dtype, not on the machine that ran it.
+OUTPUT_KEYS = [k for k in PAIR_KEYS if k not in ("device", "device_name")]
+
+
+def pair_outputs(df: pd.DataFrame, baseline: pd.DataFrame | None, pairs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``pairs`` (same-machine, from :func:`pair_with_baseline`) plus, for each (prompt, turn) of
+    ``df`` that has no partner there, the first AR baseline row from any machine with the same
+    :data:`OUTPUT_KEYS`; and how many pairs came from another machine. Only for output checks
+    (lossless, divergence): timings never pair across machines."""
+    if baseline is None or df.empty or baseline.empty:
+        return pairs, 0
+    turns = ["prompt_id", "turn"]
+    covered = pd.MultiIndex.from_frame(pairs[turns]) if not pairs.empty else pd.MultiIndex.from_tuples([], names=turns)
+    unpaired = df[~pd.MultiIndex.from_frame(df[turns]).isin(covered)]
+    elsewhere = pair_with_baseline(unpaired, baseline, keys=OUTPUT_KEYS)
+    if elsewhere.empty:
+        return pairs, 0
+    return pd.concat([p for p in (pairs, elsewhere) if not p.empty], ignore_index=True), len(elsewhere)
+
+
+def cross_machine_note(frame: pd.DataFrame) -> str | None:
+    """A one-line note when :func:`compare`'s lossless column used AR outputs from another machine."""
+    n = int(frame.attrs.get("cross_machine_pairs", 0))
+    if not n:
+        return None
+    return (f"lossless checks {n} (prompt, turn) pair{'s' if n != 1 else ''} against AR outputs from another machine "
+            "(same target, settings and dtype); a float32 difference there can be arithmetic, not the drafter")
 
 
 def baseline_partners(baseline: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -390,7 +420,8 @@ def _natural_key(text: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
 
 
-def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = None) -> pd.DataFrame:
+def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = None,
+            outputs_across_machines: bool = False) -> pd.DataFrame:
     """One row per (target, task, drafter, drafter_config, checkpoint) with :func:`compare_columns`.
 
     Rows are also grouped by the :data:`SETTING_COLUMNS` (temperature, top_p, top_k, seed,
@@ -410,6 +441,11 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     they never cross devices or targets, even with ``allow_mixed``; data from
     more than one device (or machine) is refused unless ``allow_mixed``.
 
+    ``outputs_across_machines`` (implies ``allow_mixed``): a greedy row with no AR baseline on its own
+    machine checks ``lossless`` and ``divergence`` against one from another machine with the same
+    :data:`OUTPUT_KEYS` (:func:`pair_outputs`); ``attrs["cross_machine_pairs"]`` counts those pairs.
+    Speedups still pair within one machine only.
+
     Rows come ordered by target, task, the settings that vary, then drafter with the AR baseline
     first, then setting (``default`` first).
     The frame is plain: callers may add columns before formatting it. ``attrs["shared"]`` holds the
@@ -417,13 +453,14 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     """
     if depths is not None and depths < 1:
         raise UserError(f"--depths {depths}: give 1 or more (the deepest per-depth acceptance shown)")
-    _check_devices(df, allow_mixed)
+    _check_devices(df, allow_mixed or outputs_across_machines)
     n_depths = max(1, deepest_accepted(df))
     if depths is not None:
         n_depths = min(n_depths, depths)
     if df.empty:
         out = pd.DataFrame(columns=compare_columns(n_depths))
         out.attrs["shared"] = {}
+        out.attrs["cross_machine_pairs"] = 0
         return out
 
     hashes, paths = checkpoint_identity(df)
@@ -438,9 +475,12 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     labels = setting_labels((str(f["drafter"]), _text(f["drafter_config"]), f["_ckpt"]) for f, _ in groups)
 
     records = []
+    cross_machine = 0
     for fields, group in groups:
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
         pairs = pair_with_baseline(group, baseline)
+        output_pairs, n_elsewhere = pair_outputs(group, baseline, pairs) if outputs_across_machines else (pairs, 0)
+        cross_machine += n_elsewhere
         depth = accept_at_least(group, n_depths)
         load = {}
         if with_load:  # this row's runs and the baseline rows its speedups divide by
@@ -466,8 +506,8 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
                 **{f"accept_d{d}": depth[d - 1] for d in range(1, n_depths + 1)},
                 "draft_share": draft_share(group),
                 **speedups(pairs),
-                "lossless": lossless(pairs),
-                "divergence": divergence(pairs),
+                "lossless": lossless(output_pairs),
+                "divergence": divergence(output_pairs),
                 **load,
                 "_ckpt": fields["_ckpt"],
             }
@@ -495,6 +535,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     for column in CHECKPOINT_COLUMNS if with_checkpoint else []:  # None, not NaN, where unknown
         out[column] = out[column].astype(object).where(out[column].notna(), None)
     out.attrs["shared"] = shared
+    out.attrs["cross_machine_pairs"] = cross_machine
     return out
 
 

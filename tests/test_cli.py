@@ -322,6 +322,25 @@ def test_compare_bad_options_are_one_line(mt_run, args, words):
     assert_user_error(invoke("compare", str(mt_run["res"]), *args), *words)
 
 
+def test_compare_lossless_across_machines(mt_run, tmp_path):
+    """The AR baseline moved to another machine: speedups no longer pair, the greedy output check still can."""
+    table = pq.read_table(mt_run["base"])
+    column = table.schema.get_field_index("device_name")
+    moved = table.set_column(column, table.schema.field(column), pa.array(["Other CPU"] * table.num_rows, table.schema.field(column).type))
+    base = tmp_path / "elsewhere.ar-baseline.parquet"
+    pq.write_table(moved, base)
+    assert_user_error(invoke("compare", str(mt_run["out"]), str(base)), "mix hardware", "--allow-mixed")
+
+    result = invoke("compare", str(mt_run["out"]), str(base), "--lossless-across-machines", "--format", "json")
+    assert result.exit_code == 0, result.output
+    ngram = next(row for row in json.loads(result.stdout) if row["drafter"] == "ngram")
+    assert ngram["lossless"] is True and ngram["decode_speedup_sum"] is None
+    assert "against AR outputs from another machine" in " ".join(result.stderr.split())
+
+    mixed = invoke("compare", str(mt_run["out"]), str(base), "--allow-mixed", "--format", "json")
+    assert next(row for row in json.loads(mixed.stdout) if row["drafter"] == "ngram")["lossless"] is None
+
+
 def test_compare_glob_matching_nothing(tmp_path):
     result = invoke("compare", str(tmp_path / "*.parquet"))
     assert_user_error(result, "no results file matches", "*.parquet")

@@ -302,6 +302,39 @@ def test_compare_refuses_mixed_devices():
     assert cuda["decode_speedup_sum"] == pytest.approx(2.4)  # paired with the cuda baseline only
 
 
+def test_lossless_across_machines_checks_outputs_but_never_pairs_timings():
+    other = dict(device_name="Other CPU")
+    df = frame(
+        ar_row("p0", n_new=6, **other),
+        ar_row("p1", n_new=6, **other),
+        ar_row("p1", n_new=6, output_ids=[7] * 6),  # this machine's own baseline covers p1 only
+        make_row("p0", accepted=[2, 2]),  # same tokens as the other machine's p0 (100..105)
+        make_row("p1", accepted=[2, 2]),  # differs from its own machine's p1 baseline
+        make_row("p0", accepted=[2, 2], drafter="dflash", output_ids=[100, 101, 102, 9, 9, 9]),
+        make_row("p0", accepted=[2, 2], drafter="jetspec", dtype="bfloat16"),  # no baseline of its dtype anywhere
+    )
+    with pytest.raises(UserError, match="mix hardware"):
+        compare(df)
+    plain = compare(df, allow_mixed=True).set_index("drafter")
+    assert plain.loc["dflash", "lossless"] is None  # no AR on its machine for p0
+
+    out = compare(df, outputs_across_machines=True)  # implies allow_mixed
+    by = out.set_index("drafter")
+    assert out.attrs["cross_machine_pairs"] == 2  # eagle3's p0 and dflash's p0
+    # eagle3: p0 agrees with the other machine, p1 disagrees with its own machine's baseline, which wins
+    assert by.loc["eagle3", "lossless"] is False and by.loc["eagle3", "divergence"] == "real"
+    assert by.loc["dflash", "lossless"] is False
+    assert by.loc["jetspec", "lossless"] is None  # dtype still has to match
+    # timings pair on one machine only: eagle3's speedup is its p1 against this machine's p1
+    assert by.loc["eagle3", "decode_speedup_sum"] == pytest.approx(plain.loc["eagle3", "decode_speedup_sum"])
+    assert math.isnan(by.loc["dflash", "decode_speedup_sum"])
+    assert "2 (prompt, turn) pairs" in report.cross_machine_note(out)
+    assert report.cross_machine_note(compare(speed_data())) is None
+
+    agree = df[(df["drafter"] == "eagle3") & (df["prompt_id"] == "p0") | (df["device_name"] == "Other CPU")]
+    assert compare(agree, outputs_across_machines=True).set_index("drafter").loc["eagle3", "lossless"] is True
+
+
 def test_compare_refuses_mixed_machines_on_one_device():
     df = pd.concat([speed_data(), speed_data().assign(device_name="Other CPU")])
     with pytest.raises(UserError, match="mix hardware"):
