@@ -195,15 +195,16 @@ def _frame(rows):
     return pd.DataFrame(rows)
 
 
+_LOSSLESS_ACROSS_HELP = ("greedy rows with no AR baseline on their own machine check lossless against one from another "
+                         "(same target, prompt, settings, dtype); speedups still pair per machine; implies --allow-mixed")
+
+
 @app.command()
 def compare(
     files: List[str] = typer.Argument(..., help="result files or globs, e.g. 'results/*.parquet'"),
     fmt: str = typer.Option("table", "--format", "-f", help="table (fits the terminal), json, csv or markdown (every field)"),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="list results from several devices together"),
-    lossless_across: bool = typer.Option(
-        False, "--lossless-across-machines",
-        help="greedy rows with no AR baseline on their own machine check lossless against one from another "
-             "(same target, prompt, settings, dtype); speedups still pair per machine; implies --allow-mixed"),
+    lossless_across: bool = typer.Option(False, "--lossless-across-machines", help=_LOSSLESS_ACROSS_HELP),
     wide: bool = typer.Option(False, "--wide", help="table: every column, full config, at its natural width"),
     columns: Optional[str] = typer.Option(None, "--columns", help="only these columns, in this order, e.g. task,drafter,tau (any format)"),
     sort: Optional[str] = typer.Option(None, "--sort", help="order rows by this column: numbers high to low, text A to Z"),
@@ -835,6 +836,7 @@ def report_cmd(
     out: Path = typer.Option(..., "--out", help="folder for report.html, report.md and figures/"),
     title: Optional[str] = typer.Option(None, "--title", help="the page title"),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="report results from several devices together"),
+    lossless_across: bool = typer.Option(False, "--lossless-across-machines", help=_LOSSLESS_ACROSS_HELP),
 ) -> None:
     """One page from result files: DIR/report.html (self-contained) and DIR/report.md with PNG/PDF figures."""
     from specbench import results
@@ -842,7 +844,7 @@ def report_cmd(
 
     paths = results.expand_globs(files)
     with err_console.status("drawing the report"):
-        written = write_report(paths, out, allow_mixed=allow_mixed, title=title)
+        written = write_report(paths, out, allow_mixed=allow_mixed, title=title, lossless_across_machines=lossless_across)
     out_console.print(f"{written.html}\n{written.markdown}\n{len(written.figures)} figure files in {out / 'figures'}")
 
 

@@ -175,3 +175,25 @@ def test_every_figure_renders_non_blank_in_headless_chromium(report_dir, tmp_pat
     for p in probe:
         assert p["w"] > 200 and p["h"] > 100, p  # decoded
         assert p["std"] > 10 and p["ink"] > 0.002, p  # not a blank canvas
+
+
+def test_report_checks_lossless_against_another_machine(tmp_path):
+    """With the AR baseline from another machine the page leaves speedups out but still checks the outputs."""
+    paths = []
+    for drafter, accepted, machine in (("ar", [0] * 12, "Other CPU"), ("ngram", [1, 0, 2, 1, 0, 2], "Test CPU")):
+        out = tmp_path / "in" / f"{drafter}.parquet"
+        out.parent.mkdir(exist_ok=True)
+        writer = results.RunWriter(out, resume=False)
+        for i in range(3):
+            writer.add([synthetic_row(f"p{i}", 0, accepted, run_id=out.stem, drafter=drafter, task="alpha",
+                                      device_name=machine, output_ids=list(range(12)), n_new_tokens=12)])
+        writer.finish()
+        paths.append(str(out))
+    refused = CliRunner().invoke(cli.app, ["report", *paths, "--out", str(tmp_path / "no")])
+    assert refused.exit_code == 2 and "mix hardware" in refused.stderr
+    result = CliRunner().invoke(cli.app, ["report", *paths, "--out", str(tmp_path / "page"), "--lossless-across-machines"])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "page" / "report.md").read_text()
+    assert "Lossless checks 3 (prompt, turn) pairs against AR outputs from another machine" in page
+    ngram = next(line.split(" | ") for line in page.splitlines() if line.startswith("| ") and " ngram " in line)
+    assert ngram[11:17] == ["-", "-", "-", "-", "yes", "-"], ngram  # four speedups, lossless, divergence

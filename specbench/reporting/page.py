@@ -110,8 +110,10 @@ def _save(fig_dir: Path, stem: str, figure) -> list[Path]:
     return paths
 
 
-def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = False, title: str | None = None) -> Written:
-    """Read ``files`` and write the report into ``out_dir`` (created); returns what was written."""
+def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = False, title: str | None = None,
+                 lossless_across_machines: bool = False) -> Written:
+    """Read ``files`` and write the report into ``out_dir`` (created); returns what was written.
+    ``lossless_across_machines`` is compare's ``outputs_across_machines`` (the page says when it was used)."""
     df = results.read_results(files)
     if df.empty:
         raise UserError("the results files hold no rows; nothing to report")
@@ -121,7 +123,8 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
         fig_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {fig_dir} ({e.strerror or e}); choose another --out") from None
-    compare = report.compare(df, allow_mixed=allow_mixed)  # refuses mixed devices unless allow_mixed
+    # refuses mixed devices unless allow_mixed (or lossless_across_machines)
+    compare = report.compare(df, allow_mixed=allow_mixed, outputs_across_machines=lossless_across_machines)
     compare_md = report.format_compare(compare, "markdown")
 
     written: list[Path] = []
@@ -153,6 +156,9 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     intro = (f"{len(files)} result file{'s' if len(files) != 1 else ''}, {len(df)} rows, {env.shape[0]} runs; "
              f"written {stamp} by `specbench report`. Metrics are defined in specbench/report.py (README: Metrics).")
+    note = report.cross_machine_note(compare)
+    if note:
+        intro += f" Note: {note[0].upper()}{note[1:]}."
 
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(_markdown(title, intro, files, compare_md, sections, env), encoding="utf-8")
