@@ -242,9 +242,9 @@ def test_ray_executor_matches_local(tmp_path, prompts):
 
 @pytest.mark.parametrize("name, n_cells", [("block_bench", 50), ("eagle3", 12), ("eagle3_curve", 5), ("default_target", 5),
                                            ("projected", 7), ("specblock", 35), ("specblock_speed", 35),
-                                           ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 22),
+                                           ("eagle3_answers", 5), ("block_r200k", 64), ("block_g1", 64), ("tau_curve", 23),
                                            ("eagle3_vocab", 6), ("eagle3_r400k", 5), ("eagle3_r800k", 5), ("eagle3_r1600k", 5),
-                                           ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
+                                           ("eagle3_r1600k_e3", 5), ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
                                            ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
                                            ("jetspec_epochs", 16), ("dflash_e7", 8), ("treeflash_e7", 8),
                                            ("jetspec_e7", 16), ("block_e7", 64)])
