@@ -107,6 +107,34 @@ def tau_micro(df: pd.DataFrame) -> float:
     return _ratio(df["n_new_tokens"].sum(), df["n_steps"].sum())
 
 
+TAU_LEVEL = 0.95  # the confidence level of compare()'s tau_lo / tau_hi
+TAU_RESAMPLES = 2000
+
+
+def tau_interval(df: pd.DataFrame, level: float = TAU_LEVEL, resamples: int = TAU_RESAMPLES,
+                 seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap interval for :func:`tau_micro`: the prompts are resampled with
+    replacement (all turns of a prompt together, since they share a conversation) and tau is
+    pooled over each resample. Fixed ``seed``: the same rows give the same interval. NaN, NaN with
+    fewer than two prompts. Each resample's tau is a step-weighted mean of per-prompt taus, so the
+    interval lies within their range; it says how far the prompt sample alone can move tau, not how
+    a different task or target would."""
+    per_prompt = df.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
+    if len(per_prompt) < 2:
+        return NAN, NAN
+    new = per_prompt["n_new_tokens"].to_numpy(dtype=float)
+    steps = per_prompt["n_steps"].to_numpy(dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(new), size=(resamples, len(new)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        taus = new[picks].sum(axis=1) / steps[picks].sum(axis=1)
+    taus = taus[np.isfinite(taus)]
+    if not taus.size:
+        return NAN, NAN
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(taus, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
 def tau_macro(df: pd.DataFrame) -> float:
     """Mean over rows of n_new_tokens / n_steps (rows with no step are skipped)."""
     steps = df["n_steps"].to_numpy(dtype=float)
@@ -357,6 +385,8 @@ def compare_columns(depths: int, checkpoint: bool = False, varying: tuple[str, .
         *varying,
         "n_prompts",
         "tau",
+        "tau_lo",
+        "tau_hi",
         *accept_columns(depths),
         "draft_share",
         *_SPEEDUP_KEYS,
@@ -503,6 +533,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
                 **{c: fields[c] for c in varying},
                 "n_prompts": int(group["prompt_id"].nunique()),
                 "tau": tau_micro(group),
+                **dict(zip(("tau_lo", "tau_hi"), tau_interval(group))),
                 **{f"accept_d{d}": depth[d - 1] for d in range(1, n_depths + 1)},
                 "draft_share": draft_share(group),
                 **speedups(pairs),
@@ -702,7 +733,7 @@ def _cell(column: str, value: Any) -> str:
         return "yes" if value else "NO"
     if column == "cpu_shared":
         return "SHARED" if value else "idle"
-    if column == "tau":
+    if column in ("tau", "tau_lo", "tau_hi"):
         return f"{value:.2f}"
     if column.startswith("accept_d"):
         return f"{value:.3f}"
@@ -735,6 +766,8 @@ ACCEPT = "accept"
 # compare() frame by a caller shows under its own name unless it is given a header here.
 TABLE_HEADERS = {
     "n_prompts": "prompts",
+    "tau_lo": "tau\n95% lo",
+    "tau_hi": "tau\n95% hi",
     "draft_share": "draft\nshare",
     "decode_speedup_sum": "decode\nspeedup",
     "decode_speedup_mean": "decode\n(mean)",

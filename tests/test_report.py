@@ -38,6 +38,7 @@ from specbench.report import (
     setting_labels,
     sort_compare,
     speedups,
+    tau_interval,
     tau_macro,
     tau_micro,
     tokens_per_s,
@@ -693,6 +694,46 @@ def test_tau_micro_between_row_extremes(step_lists):
     assert per_row.min() - 1e-12 <= tau_macro(df) <= per_row.max() + 1e-12
     # with n_new = sum(accepted + 1), tau micro is exactly 1 + mean accepted length
     assert tau_micro(df) == pytest.approx(1 + np.mean(np.concatenate(step_lists)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps_strategy, min_size=2, max_size=8))
+def test_tau_interval_lies_within_the_prompts_taus(step_lists):
+    """Each bootstrap resample pools whole prompts, so its tau is a step-weighted mean of per-prompt taus:
+    the interval can never leave their range, and it is the same on every call."""
+    df = frame(*(make_row(f"p{i}", accepted=acc) for i, acc in enumerate(step_lists)))
+    per_prompt = df["n_new_tokens"] / df["n_steps"]
+    lo, hi = tau_interval(df)
+    assert per_prompt.min() - 1e-12 <= lo <= hi <= per_prompt.max() + 1e-12
+    assert tau_interval(df) == (lo, hi)
+
+
+def test_tau_interval_resamples_prompts_not_turns():
+    steady = frame(*(make_row(f"p{i}", accepted=[1, 1]) for i in range(6)))  # every prompt at tau 2
+    assert tau_interval(steady) == pytest.approx((2.0, 2.0))
+    # two turns of one prompt are one conversation: one prompt gives no interval
+    one = frame(make_row("p0", 1, accepted=[0, 0]), make_row("p0", 2, accepted=[3, 3]))
+    assert all(math.isnan(v) for v in tau_interval(one))
+    # prompts that disagree give a real interval around tau, and more of them a narrower one
+    few = frame(*(make_row(f"p{i}", accepted=[0, 0] if i % 2 else [2, 2]) for i in range(4)))
+    many = frame(*(make_row(f"p{i}", accepted=[0, 0] if i % 2 else [2, 2]) for i in range(40)))
+    (lo_few, hi_few), (lo_many, hi_many) = tau_interval(few), tau_interval(many)
+    assert lo_few < tau_micro(few) == 2.0 < hi_few and lo_many < 2.0 < hi_many
+    assert hi_many - lo_many < 0.6 * (hi_few - lo_few)
+    # per conversation: turns pooled before resampling (p0's two turns move together)
+    paired = frame(*(r for i in range(4) for r in (make_row(f"p{i}", 1, accepted=[0, 0]),
+                                                       make_row(f"p{i}", 2, accepted=[2, 2]))))
+    assert tau_interval(paired) == pytest.approx((2.0, 2.0))  # every conversation pools to tau 2
+
+
+def test_compare_reports_the_tau_interval():
+    out = compare(speed_data())
+    eagle = out[out["drafter"] == "eagle3"].iloc[0]
+    assert eagle["tau_lo"] <= eagle["tau"] <= eagle["tau_hi"]
+    assert "tau_lo" in format_compare(out, "csv") and "tau\n95% lo" not in format_compare(out, "csv")
+    single = compare(frame(make_row("p0", accepted=[1, 2])))
+    record = json.loads(format_compare(single, "json"))[0]
+    assert math.isnan(single.iloc[0]["tau_lo"]) and record["tau_lo"] is None and record["tau_hi"] is None
 
 
 @settings(max_examples=60, deadline=None)
