@@ -252,12 +252,14 @@ def plot(
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="plot results from several devices together"),
 ) -> List[Path]:
     """PNG figures per (target, task): per-depth acceptance, accepted lengths, speedup and tau, time per step."""
-    from specbench import plots, results
+    from specbench import plots, report, results
 
     df = results.read_results(results.expand_globs(files))
     written = plots.make_figures(df, out_dir, allow_mixed=allow_mixed)
     for path in written:
         typer.echo(str(path))
+    if (note := report.shared_cpu_note(df)) is not None:  # the timing figures say so too, in their subtitles
+        typer.echo(f"warning: {note}", err=True)
     return written
 
 

@@ -4,7 +4,7 @@
   drafter configuration.
 * ``accepted_hist_<target>_<task>.png``: the share of steps per accepted length, grouped bars.
 * ``speedup_<target>_<task>.png``: decode speedup (ratio of sums) and tau side by side, the AR
-  baseline at 1.0 dashed; drafters with no paired baseline are left out (the subtitle names them).
+  baseline at 1.0 dashed, tau with whiskers for its 95% bootstrap interval over prompts; drafters with no paired baseline are left out (the subtitle names them).
 * ``time_breakdown_<target>_<task>.png``: mean seconds per step (draft / verify / other), stacked.
 
 Every number comes from :mod:`specbench.report`; this module only groups rows and draws. A series
@@ -197,8 +197,9 @@ def accepted_fractions(series: list[Series]) -> pd.DataFrame:
 
 
 def speedup_bars(series: list[Series]) -> tuple[pd.DataFrame, list[str]]:
-    """(one row per paired drafting series: label, decode_speedup_sum, tau, n_paired; the labels
-    left out for having no paired AR row)."""
+    """(one row per paired drafting series: label, decode_speedup_sum, tau, tau_lo, tau_hi (the 95%
+    bootstrap interval over prompts, :func:`report.tau_interval`), n_paired; the labels left out for
+    having no paired AR row)."""
     baseline = baseline_rows(series)
     records, omitted = [], []
     for s in _drafting(series):
@@ -210,9 +211,10 @@ def speedup_bars(series: list[Series]) -> tuple[pd.DataFrame, list[str]]:
             "label": s.label,
             "decode_speedup_sum": report.speedups(pairs)["decode_speedup_sum"],
             "tau": report.tau_micro(s.rows),
+            **dict(zip(("tau_lo", "tau_hi"), report.tau_interval(s.rows))),
             "n_paired": int(len(pairs)),
         })
-    columns = ["label", "decode_speedup_sum", "tau", "n_paired"]
+    columns = ["label", "decode_speedup_sum", "tau", "tau_lo", "tau_hi", "n_paired"]
     return pd.DataFrame.from_records(records, columns=columns), omitted
 
 
@@ -360,11 +362,22 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
         )
         for ax, (column, title, ylabel, base_label, fmt) in zip(axes, panels):
             values = bars[column].to_numpy(dtype=float)
-            rects = ax.bar(x, values, width=0.6, color=color)
-            ax.bar_label(rects, labels=["-" if not np.isfinite(v) else fmt.format(v) for v in values],
-                         padding=2, fontsize=8)
+            ax.bar(x, values, width=0.6, color=color)
+            tops = values
+            if column == "tau":  # whiskers: the 95% bootstrap interval over prompts, where there is one
+                lo, hi = bars["tau_lo"].to_numpy(dtype=float), bars["tau_hi"].to_numpy(dtype=float)
+                has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(values)
+                if has.any():
+                    ax.errorbar(x[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]],
+                                fmt="none", ecolor="0.2", elinewidth=1.0, capsize=4,
+                                label="95% interval over prompts")
+                    tops = np.where(has, hi, values)
+            for xi, value, top_i in zip(x, values, tops):
+                ax.annotate("-" if not np.isfinite(value) else fmt.format(value),
+                            (xi, top_i if np.isfinite(top_i) else 0.0), xytext=(0, 2),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=8)
             ax.axhline(1.0, linestyle="--", color="0.35", linewidth=1.2, label=base_label)
-            finite = values[np.isfinite(values)]
+            finite = tops[np.isfinite(tops)]
             top = max([1.0, *finite]) if finite.size else 1.0
             ax.set_ylim(0, top * 1.18)
             ax.set_xticks(x)
@@ -407,6 +420,11 @@ def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path
 # entry point
 
 
+# The figures drawn from timings, and what their subtitle adds when a run behind them shared the CPU
+# (report.shared_cpu_note): tau and acceptance do not depend on the machine's load, speedups do.
+TIMED_FIGURES = ("speedup", "time_breakdown")
+SHARED_CPU_SUBTITLE = " · TIMED ON A SHARED CPU: speedups and times unreliable"
+
 FIGURES = (
     ("acceptance", plot_acceptance),
     ("accepted_hist", plot_accepted_hist),
@@ -440,8 +458,10 @@ def make_figures(df: pd.DataFrame, out_dir: Path | str, allow_mixed: bool = Fals
         used.add(stem)
         series = series_of(group)
         subtitle = caption(group)
+        shared = report.shared_cpu_note(group) is not None
         for kind, draw in FIGURES:
-            written.append(draw(series, subtitle, out_dir / f"{kind}_{stem}.png"))
+            note = SHARED_CPU_SUBTITLE if shared and kind in TIMED_FIGURES else ""
+            written.append(draw(series, subtitle + note, out_dir / f"{kind}_{stem}.png"))
     return written
 
 

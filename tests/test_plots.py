@@ -130,6 +130,11 @@ def test_speedup_bars_leave_out_unpaired_drafters():
     assert row["decode_speedup_sum"] == pytest.approx(4.0 / 1.5)
     assert row["tau"] == pytest.approx(11 / 5)
     assert row["n_paired"] == 2
+    # the tau whiskers: resampling p0 (7 tokens / 3 steps) and p1 (4 / 2) can only move tau between them
+    assert 2.0 <= row["tau_lo"] < row["tau"] < row["tau_hi"] <= 7 / 3
+    assert (row["tau_lo"], row["tau_hi"]) == report.tau_interval(frame(sample_rows()[:2]))
+    one_prompt = bars.set_index("label").loc["ngram (num_draft=5, seed=0)"]  # p0 only: no interval
+    assert pd.isna(one_prompt["tau_lo"]) and pd.isna(one_prompt["tau_hi"])
 
 
 def test_time_breakdown_is_seconds_per_step():
@@ -205,6 +210,32 @@ def test_plot_command(tmp_path):
         assert name.startswith(str(out))
     for path in out.iterdir():
         check_png(path)
+
+
+def test_timing_figures_say_when_the_cpu_was_shared(tmp_path, monkeypatch):
+    """A run timed beside another process (load above its threads) gets a warning on stderr, and the two
+    figures drawn from timings carry it in their subtitles; tau and acceptance figures do not."""
+    rows = sample_rows()
+    busy = [dict(r, load_1min=9.0) if r["drafter"] == "ar" else r for r in rows]  # the baseline shared the CPU
+    subtitles = {}
+
+    def recorder(kind):
+        def draw(series, subtitle, path):
+            subtitles[kind] = subtitle
+            return path
+        return draw
+
+    monkeypatch.setattr(plots, "FIGURES", tuple((kind, recorder(kind)) for kind, _ in plots.FIGURES))
+    for data, shared in ((rows, False), (busy, True)):
+        plots.make_figures(frame(data), tmp_path)
+        for kind in KINDS:
+            assert (plots.SHARED_CPU_SUBTITLE in subtitles[kind]) == (shared and kind in ("speedup", "time_breakdown"))
+    monkeypatch.undo()
+    write_results([r for r in busy if r["drafter"] == "ngram"], tmp_path / "files" / "ngram.parquet")
+    write_results([r for r in busy if r["drafter"] == "ar"], tmp_path / "files" / "ar.parquet")
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "files" / "*.parquet"), "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0 and len(result.stdout.split()) == 4
+    assert result.stderr.startswith("warning: 1 of") and "ar on mt_bench/writing (load 9.0" in result.stderr
 
 
 def test_plot_command_errors_are_one_line(tmp_path):
