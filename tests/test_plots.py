@@ -135,6 +135,11 @@ def test_speedup_bars_leave_out_unpaired_drafters():
     assert (row["tau_lo"], row["tau_hi"]) == report.tau_interval(frame(sample_rows()[:2]))
     one_prompt = bars.set_index("label").loc["ngram (num_draft=5, seed=0)"]  # p0 only: no interval
     assert pd.isna(one_prompt["tau_lo"]) and pd.isna(one_prompt["tau_hi"])
+    from specbench.reporting import figures  # the report's tau-by-task bars carry the same whiskers
+
+    by_task = figures.per_task(plots.series_of(frame(sample_rows()))).set_index("label")
+    assert (by_task.loc["ngram (num_draft=3, seed=0)", ["tau_lo", "tau_hi"]].tolist()
+            == [row["tau_lo"], row["tau_hi"]])
 
 
 def test_time_breakdown_is_seconds_per_step():

@@ -64,8 +64,8 @@ def _tasks(df: pd.DataFrame) -> list[str]:
 
 
 def per_task(series: list[plots.Series]) -> pd.DataFrame:
-    """One row per (drafting series, task): tau (micro) and decode speedup (ratio of sums; NaN with
-    no paired AR row)."""
+    """One row per (drafting series, task): tau (micro) with its 95% bootstrap interval over prompts
+    (tau_lo, tau_hi) and decode speedup (ratio of sums; NaN with no paired AR row)."""
     baseline = plots.baseline_rows(series)
     records = []
     for s in series:
@@ -73,10 +73,12 @@ def per_task(series: list[plots.Series]) -> pd.DataFrame:
             continue
         for task, rows in s.rows.groupby("task", sort=True):
             pairs = report.pair_with_baseline(rows, baseline)
-            records.append({"label": s.label, "task": str(task), "tau": report.tau_micro(rows),
-                            "decode_speedup": report.speedups(pairs)["decode_speedup_sum"], "n_paired": len(pairs),
-                            "color": s.color})
-    return pd.DataFrame.from_records(records, columns=["label", "task", "tau", "decode_speedup", "n_paired", "color"])
+            lo, hi = report.tau_interval(rows)
+            records.append({"label": s.label, "task": str(task), "tau": report.tau_micro(rows), "tau_lo": lo,
+                            "tau_hi": hi, "decode_speedup": report.speedups(pairs)["decode_speedup_sum"],
+                            "n_paired": len(pairs), "color": s.color})
+    return pd.DataFrame.from_records(records, columns=["label", "task", "tau", "tau_lo", "tau_hi", "decode_speedup",
+                                                       "n_paired", "color"])
 
 
 def budget_families(series: list[plots.Series]) -> list[tuple[str, str, list[tuple[float, plots.Series]]]]:
@@ -136,10 +138,22 @@ def _grouped_bars(ax, table: pd.DataFrame, column: str, tasks: list[str], fmt: s
         sub = table[table["label"] == label].set_index("task")
         values = np.array([float(sub[column].get(t, math.nan)) for t in tasks])
         offset = (i - (len(labels) - 1) / 2) * width
-        rects = ax.bar(x + offset, np.where(np.isfinite(values), values, 0.0), width=width,
+        ax.bar(x + offset, np.where(np.isfinite(values), values, 0.0), width=width,
                        color=sub["color"].iloc[0], label=label)
+        tops = np.where(np.isfinite(values), values, 0.0)
+        if column == "tau":  # whiskers: the 95% bootstrap interval over prompts, where there is one
+            lo = np.array([float(sub["tau_lo"].get(t, math.nan)) for t in tasks])
+            hi = np.array([float(sub["tau_hi"].get(t, math.nan)) for t in tasks])
+            has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(values)
+            if has.any():
+                ax.errorbar((x + offset)[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]],
+                            fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
+                tops = np.where(has, hi, tops)  # each value's label goes above its whisker
         if len(labels) * len(tasks) <= 24:
-            ax.bar_label(rects, labels=[fmt.format(v) if np.isfinite(v) else "" for v in values], padding=1, fontsize=7)
+            for xi, value, top in zip(x + offset, values, tops):
+                if np.isfinite(value):
+                    ax.annotate(fmt.format(value), (xi, top), xytext=(0, 1), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x)
     ax.set_xticklabels(tasks, fontsize=9)
     ax.set_xlim(-0.6, len(tasks) - 0.4)
@@ -168,7 +182,7 @@ def tau_and_speedup_by_task(target: str, df: pd.DataFrame, stem: str) -> list[Fi
         ax.text(0.5, 0.5, "no drafter besides the AR baseline", ha="center", va="center", transform=ax.transAxes)
     out.append(Figure(f"tau_by_task_{stem}", f"τ per task and drafter — {target}",
                       "Acceptance length τ (tau micro: new tokens / target forwards) of every drafter setting on each task; "
-                      "the dashed line is AR (τ = 1).", _finish(fig, f"τ per task — {target}")))
+                      "whiskers: its 95% bootstrap interval over prompts; the dashed line is AR (τ = 1).", _finish(fig, f"τ per task — {target}")))
     fig, (ax,) = _new(width, 4.4)
     paired = table[table["n_paired"] > 0]
     if len(paired):
