@@ -341,6 +341,19 @@ def plot_accepted_hist(series: list[Series], subtitle: str, path: Path) -> Path:
     return _save(fig, "Accepted length per step", subtitle, path)
 
 
+def interval_whiskers(ax, x, values, lo, hi, capsize: float, linewidth: float, label: str | None = None) -> np.ndarray:
+    """Whiskers from ``lo`` to ``hi`` on the bars at ``x`` (tau's bootstrap interval, where it is
+    finite); returns where each bar's value label should sit: the whisker's top, or the bar's."""
+    values = np.asarray(values, dtype=float)
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(values)
+    if not has.any():
+        return values
+    ax.errorbar(np.asarray(x)[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]], fmt="none",
+                ecolor="0.2", elinewidth=linewidth, capsize=capsize, label=label)
+    return np.where(has, hi, values)
+
+
 def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
     bars, omitted = speedup_bars(series)
     n = len(bars)
@@ -364,14 +377,9 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
             values = bars[column].to_numpy(dtype=float)
             ax.bar(x, values, width=0.6, color=color)
             tops = values
-            if column == "tau":  # whiskers: the 95% bootstrap interval over prompts, where there is one
-                lo, hi = bars["tau_lo"].to_numpy(dtype=float), bars["tau_hi"].to_numpy(dtype=float)
-                has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(values)
-                if has.any():
-                    ax.errorbar(x[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]],
-                                fmt="none", ecolor="0.2", elinewidth=1.0, capsize=4,
-                                label="95% interval over prompts")
-                    tops = np.where(has, hi, values)
+            if column == "tau":
+                tops = interval_whiskers(ax, x, values, bars["tau_lo"], bars["tau_hi"], capsize=4, linewidth=1.0,
+                                         label="95% interval over prompts")
             for xi, value, top_i in zip(x, values, tops):
                 ax.annotate("-" if not np.isfinite(value) else fmt.format(value),
                             (xi, top_i if np.isfinite(top_i) else 0.0), xytext=(0, 2),
@@ -470,6 +478,7 @@ __all__ = [
     "acceptance_curves",
     "accepted_fractions",
     "caption",
+    "interval_whiskers",
     "make_figures",
     "max_depth",
     "sanitize",

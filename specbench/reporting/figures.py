@@ -140,15 +140,10 @@ def _grouped_bars(ax, table: pd.DataFrame, column: str, tasks: list[str], fmt: s
         offset = (i - (len(labels) - 1) / 2) * width
         ax.bar(x + offset, np.where(np.isfinite(values), values, 0.0), width=width,
                        color=sub["color"].iloc[0], label=label)
-        tops = np.where(np.isfinite(values), values, 0.0)
-        if column == "tau":  # whiskers: the 95% bootstrap interval over prompts, where there is one
-            lo = np.array([float(sub["tau_lo"].get(t, math.nan)) for t in tasks])
-            hi = np.array([float(sub["tau_hi"].get(t, math.nan)) for t in tasks])
-            has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(values)
-            if has.any():
-                ax.errorbar((x + offset)[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]],
-                            fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
-                tops = np.where(has, hi, tops)  # each value's label goes above its whisker
+        tops = values
+        if column == "tau":  # each value's label goes above its whisker
+            lo, hi = ([float(sub[c].get(t, math.nan)) for t in tasks] for c in ("tau_lo", "tau_hi"))
+            tops = plots.interval_whiskers(ax, x + offset, values, lo, hi, capsize=2, linewidth=0.8)
         if len(labels) * len(tasks) <= 24:
             for xi, value, top in zip(x + offset, values, tops):
                 if np.isfinite(value):
