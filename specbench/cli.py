@@ -164,6 +164,9 @@ def run(
     rows = [
         ("prompts", _fmt(summary.get("n_prompts")), "prompts run (each turn is a row)"),
         ("tau (micro)", _fmt(summary.get("tau_micro"), 2), "tokens per target forward, all steps pooled"),
+        ("tau 95% interval", "-" if summary.get("tau_lo") is None else
+         f"{_fmt(summary['tau_lo'], 2)} – {_fmt(summary['tau_hi'], 2)}",
+         "bootstrap over prompts: how far the prompt sample alone moves tau"),
         ("tau (macro)", _fmt(summary.get("tau_macro"), 2), "mean over (prompt, turn)"),
         ("acceptance rate", _fmt(summary.get("acceptance_rate")), "accepted drafts / drafted nodes"),
         ("draft share", _fmt(summary.get("draft_share")), "drafting seconds / decode seconds"),

@@ -1208,14 +1208,14 @@ def run_summary(
 ) -> dict[str, Any]:
     """The end-of-run numbers of one run; values that cannot be computed are None.
 
-    Keys: n_prompts, tau_micro, tau_macro, acceptance_rate, draft_share, tokens_per_s,
+    Keys: n_prompts, tau_micro, tau_lo, tau_hi (:func:`tau_interval`), tau_macro, acceptance_rate, draft_share, tokens_per_s,
     drafter_forwards_per_step, decode_speedup_sum/mean, e2e_speedup_sum/mean, n_paired, lossless,
     divergence, load_max (the highest 1-minute load average after a prompt, run and baseline) and cpu_shared
     (:func:`cpu_shared`: other processes competed for the CPU, so the timings are suspect).
     """
     df = rows_df if isinstance(rows_df, pd.DataFrame) else pd.DataFrame(rows_df)
     if df.empty:
-        summary: dict[str, Any] = {"n_prompts": 0, "tau_micro": None, "tau_macro": None}
+        summary: dict[str, Any] = {"n_prompts": 0, "tau_micro": None, "tau_lo": None, "tau_hi": None, "tau_macro": None}
         summary.update(dict.fromkeys(["acceptance_rate", "draft_share", "tokens_per_s"]))
         summary.update(dict.fromkeys(["drafter_forwards_per_step", *_SPEEDUP_KEYS]))
         summary.update({"n_paired": 0, "lossless": None, "divergence": None, "load_max": None, "cpu_shared": None})
@@ -1224,6 +1224,7 @@ def run_summary(
     summary = {
         "n_prompts": int(df["prompt_id"].nunique()),
         "tau_micro": tau_micro(df),
+        **dict(zip(("tau_lo", "tau_hi"), tau_interval(df))),
         "tau_macro": tau_macro(df),
         "acceptance_rate": acceptance_rate(df),
         "draft_share": draft_share(df),

@@ -620,6 +620,7 @@ def test_run_summary():
     summary = run_summary(rows, df[df["drafter"] == "ar"])
     assert summary["n_prompts"] == 3 and summary["n_paired"] == 2
     assert summary["tau_micro"] == pytest.approx(3.0) and summary["tau_macro"] == pytest.approx(3.0)
+    assert (summary["tau_lo"], summary["tau_hi"]) == pytest.approx(tau_interval(rows))
     assert summary["acceptance_rate"] == pytest.approx(0.5)
     assert summary["draft_share"] == pytest.approx(0.75 / 11.5)
     assert summary["tokens_per_s"] == pytest.approx(18 / 11.5)
@@ -629,7 +630,7 @@ def test_run_summary():
     alone = run_summary(rows.to_dict("records"), None)
     assert alone["decode_speedup_sum"] is None and alone["lossless"] is None
     assert alone["n_paired"] == 0 and alone["tau_micro"] == pytest.approx(3.0)
-    assert run_summary([], None)["n_prompts"] == 0
+    assert run_summary([], None)["n_prompts"] == 0 and run_summary([], None)["tau_lo"] is None
 
 
 def write(path, rows):
