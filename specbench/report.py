@@ -135,6 +135,46 @@ def tau_interval(df: pd.DataFrame, level: float = TAU_LEVEL, resamples: int = TA
     return float(lo), float(hi)
 
 
+def tau_ratio_interval(cells: list[tuple[pd.DataFrame, pd.DataFrame]], level: float = TAU_LEVEL,
+                       resamples: int = TAU_RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """The mean over ``cells`` of tau(second) / tau(first), with a paired percentile-bootstrap interval:
+    each cell is a (first, second) pair of runs on the same prompts (two heads, one setting and task);
+    a resample draws each cell's prompts with replacement, the same draw for both runs (a prompt's
+    turns together), so what the prompts share cancels and only the heads' difference is left.
+    Prompts that only one run has are left out. (mean ratio, lo, hi); NaNs when no cell has two
+    shared prompts (those cells still count in the mean, at their full-sample ratio)."""
+    rng = np.random.default_rng(seed)
+    point, draws, resampled = [], [], False
+    for first, second in cells:
+        a = first.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
+        b = second.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
+        shared = a.index.intersection(b.index)
+        a, b = (x.loc[shared].to_numpy(dtype=float) for x in (a, b))  # columns: new tokens, steps
+        ratio = _ratio(_ratio(b[:, 0].sum(), b[:, 1].sum()), _ratio(a[:, 0].sum(), a[:, 1].sum()))
+        point.append(ratio)
+        if len(shared) < 2:
+            draws.append(np.full(resamples, ratio))
+            continue
+        resampled = True
+        picks = rng.integers(0, len(shared), size=(resamples, len(shared)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tau_a = a[picks, 0].sum(axis=1) / a[picks, 1].sum(axis=1)
+            tau_b = b[picks, 0].sum(axis=1) / b[picks, 1].sum(axis=1)
+        draws.append(tau_b / tau_a)
+    if not point:
+        return NAN, NAN, NAN
+    mean = float(np.mean(point))
+    if not resampled:
+        return mean, NAN, NAN
+    means = np.mean(draws, axis=0)
+    means = means[np.isfinite(means)]
+    if not means.size:
+        return mean, NAN, NAN
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return mean, float(lo), float(hi)
+
+
 def tau_macro(df: pd.DataFrame) -> float:
     """Mean over rows of n_new_tokens / n_steps (rows with no step are skipped)."""
     steps = df["n_steps"].to_numpy(dtype=float)

@@ -88,7 +88,8 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 
 def summaries(plan: sweep.Sweep) -> tuple[list[str], dict[tuple[str, str], dict]]:
-    """Per (label, task): report.run_summary against the task's AR baseline, plus draft ms per step."""
+    """Per (label, task): report.run_summary against the task's AR baseline, plus draft ms per step and the
+    cell's rows (``rows``, for paired comparisons of two cells on the same prompts)."""
     baselines = {}
     for path in sorted(plan.results_dir.glob("*.ar-baseline.parquet")):
         df = results.read_results([path])
@@ -103,6 +104,7 @@ def summaries(plan: sweep.Sweep) -> tuple[list[str], dict[tuple[str, str], dict]
         df = results.read_results([cell.out])
         s = report.run_summary(df, baselines.get(cell.task_label))
         s["draft_ms"] = 1000 * report.draft_s_per_step(df)
+        s["rows"] = df
         out[(cell.label, cell.task_label)] = s
     return tasks, out
 

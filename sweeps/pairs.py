@@ -207,9 +207,13 @@ def summary_line(tasks: list[str], s: dict, comp: Comparison) -> str:
     taus = [second["tau_micro"] / first["tau_micro"] for first, second in both]
     drafts = [second["draft_ms"] / first["draft_ms"] for first, second in both]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    paired = ""
+    if all("rows" in c for cells in both for c in cells):  # the result rows, from summaries()
+        _, lo, hi = report.tau_ratio_interval([(first["rows"], second["rows"]) for first, second in both])
+        paired = "" if lo != lo else f"; 95% paired bootstrap interval over prompts {lo:.3f} to {hi:.3f}"
     return (f"Over the {len(taus)} cell{'s' if len(taus) != 1 else ''} both heads ran, the {short[1]} head's tau is "
             f"{mean(taus):.3f}x the {short[0]} head's "
-            f"(range {min(taus):.3f} to {max(taus):.3f}) and its drafting time per step {mean(drafts):.2f}x "
+            f"(range {min(taus):.3f} to {max(taus):.3f}{paired}) and its drafting time per step {mean(drafts):.2f}x "
             f"(range {min(drafts):.2f} to {max(drafts):.2f}).")
 
 

@@ -40,6 +40,7 @@ from specbench.report import (
     speedups,
     tau_interval,
     tau_macro,
+    tau_ratio_interval,
     tau_micro,
     tokens_per_s,
 )
@@ -725,6 +726,32 @@ def test_tau_interval_resamples_prompts_not_turns():
     paired = frame(*(r for i in range(4) for r in (make_row(f"p{i}", 1, accepted=[0, 0]),
                                                        make_row(f"p{i}", 2, accepted=[2, 2]))))
     assert tau_interval(paired) == pytest.approx((2.0, 2.0))  # every conversation pools to tau 2
+
+
+def test_tau_ratio_interval_is_paired_by_prompt():
+    """Two heads on the same prompts: prompt difficulty is shared, so a head that is uniformly 10% better
+    gets a tight interval around 1.1 even when the prompts' own taus spread widely."""
+    def run(scale: float) -> pd.DataFrame:
+        # prompt i: 10 steps, 10 + i*k tokens accepted -> tau spreads over prompts; scale multiplies accepts
+        return frame(*(make_row(f"p{i}", accepted=[round(i * scale)] * 10) for i in range(1, 9)))
+
+    first, second = run(1.0), run(1.5)
+    mean, lo, hi = tau_ratio_interval([(first, second)])
+    assert mean == pytest.approx(tau_micro(second) / tau_micro(first))
+    assert lo <= mean <= hi and hi - lo < 0.5 * (mean - 1.0)  # the prompts' spread does not widen it much
+    unpaired_lo, unpaired_hi = tau_interval(second)
+    assert unpaired_hi - unpaired_lo > 2 * (hi - lo) * tau_micro(first)  # an unpaired view is far wider
+    # identical heads: ratio exactly 1 in every resample
+    assert tau_ratio_interval([(first, first)]) == pytest.approx((1.0, 1.0, 1.0))
+    # a prompt only one head ran is left out; a cell with one shared prompt counts at its ratio, unresampled
+    extra = pd.concat([second, frame(make_row("p99", accepted=[9] * 10))], ignore_index=True)
+    assert tau_ratio_interval([(first, extra)]) == pytest.approx(tau_ratio_interval([(first, second)]))
+    single = tau_ratio_interval([(first.iloc[:1], second.iloc[:1])])
+    assert single[0] == pytest.approx((1 + 2) / (1 + 1)) and math.isnan(single[1]) and math.isnan(single[2])  # p1: 2 and 1 accepted
+    # several cells: the mean of the per-cell ratios, each cell resampled on its own prompts
+    both = tau_ratio_interval([(first, second), (first, first)])
+    assert both[0] == pytest.approx((mean + 1.0) / 2) and both[1] <= both[0] <= both[2]
+    assert all(math.isnan(v) for v in tau_ratio_interval([]))
 
 
 def test_compare_reports_the_tau_interval():

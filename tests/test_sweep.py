@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench import runner, sweep
+from specbench import report, runner, sweep
 from clirun import invoke, one_error_line
+from rowfactory import synthetic_row
 
 PROMPTS = [{"id": "p1", "prompt": "List three colours."}, {"id": "p2", "prompt": "1 2 3 4 5 6"}]
 
@@ -387,6 +388,13 @@ def test_vocabulary_table_pairs_the_heads_cell_by_cell():
     renamed = dflash._replace(short=("49k", "4k"))
     assert "tau, 49k / 4k |" in script.cells_table(["humaneval"], s, renamed)[0]
     assert "the 4k head's tau is 0.944x the 49k head's" in script.summary_line(["humaneval"], s, renamed)
+    assert "paired bootstrap" not in line  # no result rows in these cells: no interval
+    # with each cell's rows, the line adds the paired interval of the tau ratio over the prompts
+    make = lambda acc: pd.DataFrame([synthetic_row(f"p{i}", 0, [acc + i % 2] * 4) for i in range(6)])  # noqa: E731
+    s[("full-marginal-16", "humaneval")]["rows"] = make(1)
+    s[("v8k-marginal-16", "humaneval")]["rows"] = make(2)
+    _, lo, hi = report.tau_ratio_interval([(make(1), make(2))])
+    assert f"95% paired bootstrap interval over prompts {lo:.3f} to {hi:.3f})" in script.summary_line(["humaneval"], s, dflash)
 
 
 def test_block_claims_are_decided_by_a_failure_before_every_cell_is_in():
