@@ -112,7 +112,9 @@ def summaries(plan: sweep.Sweep) -> tuple[list[str], dict[tuple[str, str], dict]
 def rules(tasks: list[str], s: dict) -> dict:
     """Each claim's rule applied to the cells (None where a cell is missing), shared by the report's claim
     lines and the README's table: ``jetspec`` {task: (causal, marginal, chain, ok)}, ``treeflash``
-    {(budget, task): (treeflash, marginal, ok)}, ``dflash`` (dflash, eagle3, ok) and ``jetspec64`` (tau, ok)."""
+    {(budget, task): (treeflash, marginal, ok)}, ``dflash`` (dflash, eagle3, ok, paired) and ``jetspec64`` (tau, ok);
+    ``paired`` is the text of the DFlash / EAGLE-3 tau ratio with its paired bootstrap interval over the prompts
+    (:func:`report.tau_ratio_interval`), or "" without both cells' rows."""
     tau = lambda label, task: (s.get((label, task)) or {}).get("tau_micro")  # noqa: E731
     jet = {}
     for t in tasks:
@@ -124,8 +126,14 @@ def rules(tasks: list[str], s: dict) -> dict:
             x, y = tau(f"treeflash-{b}", t), tau(f"dflash-marginal-{b}", t)
             tree[(b, t)] = (x, y, None if x is None or y is None else x > y)
     a, e = tau("dflash-marginal-16", "humaneval"), tau("eagle3-16", "humaneval")
+    paired = ""
+    cells = [s.get((label, "humaneval")) or {} for label in ("eagle3-16", "dflash-marginal-16")]
+    if all("rows" in c for c in cells):
+        ratio, lo, hi = report.tau_ratio_interval([(cells[0]["rows"], cells[1]["rows"])])
+        if lo == lo:
+            paired = f" (ratio {ratio:.3f}, 95% paired interval over prompts {lo:.3f} to {hi:.3f})"
     j64 = tau("jetspec-64", "math500")
-    return {"jetspec": jet, "treeflash": tree, "dflash": (a, e, None if a is None or e is None else a >= e),
+    return {"jetspec": jet, "treeflash": tree, "dflash": (a, e, None if a is None or e is None else a >= e, paired),
             "jetspec64": (j64, None if j64 is None else j64 >= 2.5)}
 
 
@@ -158,9 +166,9 @@ def claim_lines(tasks: list[str], s: dict) -> list[str]:
             [(t, _all([r["treeflash"][(b, t)][2] for b in BUDGETS]),
               ", ".join(f"{b}: {_fmt(r['treeflash'][(b, t)][0])} vs {_fmt(r['treeflash'][(b, t)][1])}" for b in BUDGETS))
              for t in tasks])
-    a, e, ok = r["dflash"]
+    a, e, ok, paired = r["dflash"]
     verdict("DFlash against EAGLE-3 (issue target)", "16-node marginal-tree tau on humaneval >= EAGLE-3's 16-node tau",
-            [("humaneval", ok, f"{_fmt(a)} vs {_fmt(e)}")])
+            [("humaneval", ok, f"{_fmt(a)} vs {_fmt(e)}{paired}")])
     a, ok = r["jetspec64"]
     verdict("JetSpec at budget 64 (issue target)", "tau on math500 >= 2.5", [("math500", ok, f"{_fmt(a)}")])
     return lines
@@ -192,9 +200,9 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
     ends = "; ".join(f"{b} nodes: " + ", ".join(f"{_fmt(tree[(b, t)][0])} vs {_fmt(tree[(b, t)][1])}" for t in tasks)
                      for b in (BUDGETS[0], BUDGETS[-1]))
     rows.append(f"| TreeFlash over its own marginal tree, every budget and task | {word([v[2] for v in tree.values()], 'cells')} | {ends} |")
-    a, e, ok = r["dflash"]
+    a, e, ok, paired = r["dflash"]
     rows.append("| DFlash 16-node marginal tree >= EAGLE-3 16 nodes on humaneval (issue target) | "
-                f"{word([ok], 'cells', target=True)} | {_fmt(a)} vs {_fmt(e)} |")
+                f"{word([ok], 'cells', target=True)} | {_fmt(a)} vs {_fmt(e)}{paired} |")
     a, ok = r["jetspec64"]
     rows.append(f"| JetSpec tau at budget 64 on math500 >= 2.5 (issue target) | {word([ok], 'cells', target=True)} | {_fmt(a)} |")
     return rows

@@ -420,6 +420,12 @@ def test_block_claims_are_decided_by_a_failure_before_every_cell_is_in():
     lines = script.claim_lines(tasks, s)
     assert "**not reproduced** (fails on humaneval; math500 not measured yet)" in lines[0]
     assert "not measured yet (humaneval, math500 missing)" in lines[1]
+    assert "paired interval" not in dflash  # no result rows in these cells
+    # with the two cells' rows, the target's numbers carry the paired interval of DFlash's tau over EAGLE-3's
+    make = lambda acc: pd.DataFrame([synthetic_row(f"p{i}", 0, [acc + i % 2] * 4) for i in range(6)])  # noqa: E731
+    s[("eagle3-16", "humaneval")]["rows"], s[("dflash-marginal-16", "humaneval")]["rows"] = make(2), make(1)
+    ratio, lo, hi = report.tau_ratio_interval([(make(2), make(1))])
+    assert f"(ratio {ratio:.3f}, 95% paired interval over prompts {lo:.3f} to {hi:.3f})" in script.readme_table(tasks, s)[4]
 
 def test_sweep_names_cells_timed_on_a_shared_cpu(tmp_path, prompts, monkeypatch):
     from specbench import results
