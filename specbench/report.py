@@ -111,6 +111,27 @@ TAU_LEVEL = 0.95  # the confidence level of compare()'s tau_lo / tau_hi
 TAU_RESAMPLES = 2000
 
 
+def _prompt_totals(df: pd.DataFrame) -> pd.DataFrame:
+    """New tokens and steps summed per prompt (a prompt's turns together), sorted by prompt id."""
+    return df.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
+
+
+def _resampled_tau(totals: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """Pooled tau of each resample: ``totals`` holds (new tokens, steps) per prompt, ``picks`` prompt indices."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return totals[picks, 0].sum(axis=1) / totals[picks, 1].sum(axis=1)
+
+
+def _percentile_interval(draws: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` percentile interval of the finite ``draws`` (NaN, NaN when there are none)."""
+    draws = draws[np.isfinite(draws)]
+    if not draws.size:
+        return NAN, NAN
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(draws, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
 def tau_interval(df: pd.DataFrame, level: float = TAU_LEVEL, resamples: int = TAU_RESAMPLES,
                  seed: int = 0) -> tuple[float, float]:
     """A percentile-bootstrap interval for :func:`tau_micro`: the prompts are resampled with
@@ -119,20 +140,11 @@ def tau_interval(df: pd.DataFrame, level: float = TAU_LEVEL, resamples: int = TA
     fewer than two prompts. Each resample's tau is a step-weighted mean of per-prompt taus, so the
     interval lies within their range; it says how far the prompt sample alone can move tau, not how
     a different task or target would."""
-    per_prompt = df.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
-    if len(per_prompt) < 2:
+    totals = _prompt_totals(df).to_numpy(dtype=float)
+    if len(totals) < 2:
         return NAN, NAN
-    new = per_prompt["n_new_tokens"].to_numpy(dtype=float)
-    steps = per_prompt["n_steps"].to_numpy(dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(new), size=(resamples, len(new)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        taus = new[picks].sum(axis=1) / steps[picks].sum(axis=1)
-    taus = taus[np.isfinite(taus)]
-    if not taus.size:
-        return NAN, NAN
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(taus, [tail, 100 - tail])
-    return float(lo), float(hi)
+    picks = np.random.default_rng(seed).integers(0, len(totals), size=(resamples, len(totals)))
+    return _percentile_interval(_resampled_tau(totals, picks), level)
 
 
 def tau_ratio_interval(cells: list[tuple[pd.DataFrame, pd.DataFrame]], level: float = TAU_LEVEL,
@@ -146,8 +158,7 @@ def tau_ratio_interval(cells: list[tuple[pd.DataFrame, pd.DataFrame]], level: fl
     rng = np.random.default_rng(seed)
     point, draws, resampled = [], [], False
     for first, second in cells:
-        a = first.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
-        b = second.groupby("prompt_id", sort=True)[["n_new_tokens", "n_steps"]].sum()
+        a, b = _prompt_totals(first), _prompt_totals(second)
         shared = a.index.intersection(b.index)
         a, b = (x.loc[shared].to_numpy(dtype=float) for x in (a, b))  # columns: new tokens, steps
         ratio = _ratio(_ratio(b[:, 0].sum(), b[:, 1].sum()), _ratio(a[:, 0].sum(), a[:, 1].sum()))
@@ -158,21 +169,13 @@ def tau_ratio_interval(cells: list[tuple[pd.DataFrame, pd.DataFrame]], level: fl
         resampled = True
         picks = rng.integers(0, len(shared), size=(resamples, len(shared)))
         with np.errstate(divide="ignore", invalid="ignore"):
-            tau_a = a[picks, 0].sum(axis=1) / a[picks, 1].sum(axis=1)
-            tau_b = b[picks, 0].sum(axis=1) / b[picks, 1].sum(axis=1)
-        draws.append(tau_b / tau_a)
+            draws.append(_resampled_tau(b, picks) / _resampled_tau(a, picks))
     if not point:
         return NAN, NAN, NAN
     mean = float(np.mean(point))
     if not resampled:
         return mean, NAN, NAN
-    means = np.mean(draws, axis=0)
-    means = means[np.isfinite(means)]
-    if not means.size:
-        return mean, NAN, NAN
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(means, [tail, 100 - tail])
-    return mean, float(lo), float(hi)
+    return (mean, *_percentile_interval(np.mean(draws, axis=0), level))
 
 
 def tau_macro(df: pd.DataFrame) -> float:
