@@ -199,7 +199,8 @@ def _frame(rows):
 
 
 _LOSSLESS_ACROSS_HELP = ("greedy rows with no AR baseline on their own machine check lossless against one from another "
-                         "(same target, prompt, settings, dtype); speedups still pair per machine; implies --allow-mixed")
+                         "(same target, prompt, settings, dtype), leaving out prompts where those machines' AR outputs differ; "
+                         "speedups still pair per machine; implies --allow-mixed")
 
 
 @app.command()

@@ -287,29 +287,51 @@ def pair_with_baseline(df: pd.DataFrame, baseline: pd.DataFrame | None, keys: li
 OUTPUT_KEYS = [k for k in PAIR_KEYS if k not in ("device", "device_name")]
 
 
-def pair_outputs(df: pd.DataFrame, baseline: pd.DataFrame | None, pairs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def pair_outputs(df: pd.DataFrame, baseline: pd.DataFrame | None, pairs: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
     """``pairs`` (same-machine, from :func:`pair_with_baseline`) plus, for each (prompt, turn) of
-    ``df`` that has no partner there, the first AR baseline row from any machine with the same
-    :data:`OUTPUT_KEYS`; and how many pairs came from another machine. Only for output checks
-    (lossless, divergence): timings never pair across machines."""
+    ``df`` that has no partner there, an AR baseline row from another machine with the same
+    :data:`OUTPUT_KEYS`; how many pairs came from another machine; and how many (prompt, turn) were
+    left out because the AR outputs of those machines differ from each other (then no single AR output
+    is the reference, and which one a row met would depend on the order of the files). Only for output
+    checks (lossless, divergence): timings never pair across machines."""
     if baseline is None or df.empty or baseline.empty:
-        return pairs, 0
+        return pairs, 0, 0
     turns = ["prompt_id", "turn"]
     covered = pd.MultiIndex.from_frame(pairs[turns]) if not pairs.empty else pd.MultiIndex.from_tuples([], names=turns)
     unpaired = df[~pd.MultiIndex.from_frame(df[turns]).isin(covered)]
     elsewhere = pair_with_baseline(unpaired, baseline, keys=OUTPUT_KEYS)
     if elsewhere.empty:
-        return pairs, 0
-    return pd.concat([p for p in (pairs, elsewhere) if not p.empty], ignore_index=True), len(elsewhere)
+        return pairs, 0, 0
+    candidates = baseline.merge(elsewhere[OUTPUT_KEYS].drop_duplicates(), on=OUTPUT_KEYS)
+    outputs = candidates["output_ids"].map(lambda ids: tuple(np.asarray(ids, dtype=np.int64).tolist()))
+    n_outputs = outputs.groupby([candidates[k] for k in OUTPUT_KEYS], dropna=False).nunique()
+    split = n_outputs[n_outputs > 1]
+    if len(split):
+        ambiguous = pd.MultiIndex.from_frame(elsewhere[OUTPUT_KEYS]).isin(split.index)
+        elsewhere = elsewhere[~ambiguous]
+        n_ambiguous = int(ambiguous.sum())
+    else:
+        n_ambiguous = 0
+    parts = [p for p in (pairs, elsewhere) if not p.empty]
+    merged = pd.concat(parts, ignore_index=True) if parts else pairs
+    return merged, len(elsewhere), n_ambiguous
 
 
 def cross_machine_note(frame: pd.DataFrame) -> str | None:
-    """A one-line note when :func:`compare`'s lossless column used AR outputs from another machine."""
+    """A one-line note when :func:`compare`'s lossless column used AR outputs from another machine, or
+    left (prompt, turn) out because the other machines' AR outputs disagree."""
     n = int(frame.attrs.get("cross_machine_pairs", 0))
-    if not n:
+    split = int(frame.attrs.get("cross_machine_split", 0))
+    if not n and not split:
         return None
-    return (f"lossless checks {n} (prompt, turn) pair{'s' if n != 1 else ''} against AR outputs from another machine "
-            "(same target, settings and dtype); a float32 difference there can be arithmetic, not the drafter")
+    parts = []
+    if n:
+        parts.append(f"lossless checks {n} (prompt, turn) pair{'s' if n != 1 else ''} against AR outputs from another "
+                     "machine (same target, settings and dtype); a float32 difference there can be arithmetic, not the drafter")
+    if split:
+        parts.append(f"{split} (prompt, turn) left out of lossless: the AR outputs of the other machines differ there, "
+                     "so none is the reference (run AR on the drafter's machine)")
+    return "; ".join(parts)
 
 
 def baseline_partners(baseline: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -516,7 +538,8 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
 
     ``outputs_across_machines`` (implies ``allow_mixed``): a greedy row with no AR baseline on its own
     machine checks ``lossless`` and ``divergence`` against one from another machine with the same
-    :data:`OUTPUT_KEYS` (:func:`pair_outputs`); ``attrs["cross_machine_pairs"]`` counts those pairs.
+    :data:`OUTPUT_KEYS` (:func:`pair_outputs`); ``attrs["cross_machine_pairs"]`` counts those pairs and
+    ``attrs["cross_machine_split"]`` the (prompt, turn) left out because the other machines' AR outputs differ.
     Speedups still pair within one machine only.
 
     Rows come ordered by target, task, the settings that vary, then drafter with the AR baseline
@@ -533,7 +556,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     if df.empty:
         out = pd.DataFrame(columns=compare_columns(n_depths))
         out.attrs["shared"] = {}
-        out.attrs["cross_machine_pairs"] = 0
+        out.attrs["cross_machine_pairs"] = out.attrs["cross_machine_split"] = 0
         return out
 
     hashes, paths = checkpoint_identity(df)
@@ -548,12 +571,13 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
     labels = setting_labels((str(f["drafter"]), _text(f["drafter_config"]), f["_ckpt"]) for f, _ in groups)
 
     records = []
-    cross_machine = 0
+    cross_machine = cross_split = 0
     for fields, group in groups:
         group = group.drop_duplicates(["prompt_id", "turn"], keep="first")
         pairs = pair_with_baseline(group, baseline)
-        output_pairs, n_elsewhere = pair_outputs(group, baseline, pairs) if outputs_across_machines else (pairs, 0)
+        output_pairs, n_elsewhere, n_split = pair_outputs(group, baseline, pairs) if outputs_across_machines else (pairs, 0, 0)
         cross_machine += n_elsewhere
+        cross_split += n_split
         depth = accept_at_least(group, n_depths)
         load = {}
         if with_load:  # this row's runs and the baseline rows its speedups divide by
@@ -610,6 +634,7 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
         out[column] = out[column].astype(object).where(out[column].notna(), None)
     out.attrs["shared"] = shared
     out.attrs["cross_machine_pairs"] = cross_machine
+    out.attrs["cross_machine_split"] = cross_split
     return out
 
 

@@ -337,6 +337,31 @@ def test_lossless_across_machines_checks_outputs_but_never_pairs_timings():
     assert compare(agree, outputs_across_machines=True).set_index("drafter").loc["eagle3", "lossless"] is True
 
 
+def test_lossless_across_machines_leaves_out_prompts_where_other_machines_disagree():
+    """Two other machines whose AR outputs differ give no reference: the row is left out of lossless (and
+    counted in the note) whatever the order of the files, instead of meeting whichever AR row came first."""
+    a, b = dict(device_name="CPU A"), dict(device_name="CPU B")
+    rows = [
+        ar_row("p0", n_new=6, **a),
+        ar_row("p0", n_new=6, output_ids=[100, 101, 102, 103, 104, 7], **b),  # arithmetic moved its last token
+        ar_row("p1", n_new=6, **a),
+        ar_row("p1", n_new=6, **b),  # the two machines agree on p1
+        make_row("p0", accepted=[2, 2]),
+        make_row("p1", accepted=[2, 2]),
+    ]
+    for order in (rows, rows[::-1]):
+        out = compare(frame(*order), outputs_across_machines=True)
+        row = out.set_index("drafter").loc["eagle3"]
+        assert row["lossless"] is True  # p1 only: p0 has two references
+        assert out.attrs["cross_machine_pairs"] == 1 and out.attrs["cross_machine_split"] == 1
+        note = report.cross_machine_note(out)
+        assert "1 (prompt, turn) pair against" in note and "1 (prompt, turn) left out of lossless" in note
+    only_p0 = frame(rows[0], rows[1], rows[4])
+    out = compare(only_p0, outputs_across_machines=True)
+    assert out.set_index("drafter").loc["eagle3", "lossless"] is None  # nothing left to check: unknown, not yes
+    assert out.attrs["cross_machine_pairs"] == 0 and out.attrs["cross_machine_split"] == 1
+
+
 def test_compare_refuses_mixed_machines_on_one_device():
     df = pd.concat([speed_data(), speed_data().assign(device_name="Other CPU")])
     with pytest.raises(UserError, match="mix hardware"):
