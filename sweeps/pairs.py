@@ -8,7 +8,8 @@ heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures
 README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
-``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``, ``jetspec_e7``: 5 against 7).
+``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``, ``jetspec_e7``: 5 against 7; ``dflash_e10``: 7
+against 10).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ _JETSPEC_TREE16, _JETSPEC_TREE64 = ("tree-16", "cumulative-log-prob tree, 16 nod
 
 _DFLASH_8K, _TREEFLASH_8K, _JETSPEC_8K = ("dflash-smollm2-135m-r200k-g1", "treeflash-smollm2-135m-r200k-g1bb",
                                           "jetspec-smollm2-135m-r200k-g1")  # each 8,192-id head is {stem}[-e{n}]-v8k
-_STEPS = {3: 511, 5: 849, 7: 1186}  # optimizer steps of the 200k-token recipe at each epoch count
+_STEPS = {3: 511, 5: 849, 7: 1186, 10: 1692}  # optimizer steps of the 200k-token recipe at each epoch count
 
 
 def _epoch_pair(stem: str, a: int, b: int, backbone: bool = False) -> dict:
@@ -145,6 +146,7 @@ COMPARISONS = {c.name: c for c in (
                **_BACKBONE),
     Comparison("jetspec_e7", settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), **_epoch_pair(_JETSPEC_8K, 5, 7),
                **_V8K_JETSPEC, **_EPOCHS),
+    Comparison("dflash_e10", settings=(_DFLASH_MARGINAL16,), **_epoch_pair(_DFLASH_8K, 7, 10), **_V8K_DFLASH, **_EPOCHS),
 )}
 
 

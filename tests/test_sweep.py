@@ -248,7 +248,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("eagle3_r1600k_e3", 5), ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
                                            ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
                                            ("jetspec_epochs", 16), ("dflash_e7", 8), ("treeflash_e7", 8),
-                                           ("jetspec_e7", 16), ("block_e7", 64)])
+                                           ("jetspec_e7", 16), ("block_e7", 64), ("dflash_e10", 8)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -317,7 +317,7 @@ def _pairs_script():
 
 
 PAIRS = ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs", "jetspec_epochs",
-         "dflash_e7", "treeflash_e7", "jetspec_e7"]
+         "dflash_e7", "treeflash_e7", "jetspec_e7", "dflash_e10"]
 
 
 def test_every_pair_has_its_sweep_file_and_names_its_own_markers():
@@ -347,7 +347,7 @@ def test_pairs_script_names_a_wrong_pair_in_one_line(capsys):
 def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
     """The README's two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
     treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, jetspec_epochs, and
-    treeflash_epochs on the backbone; 5 against 7: dflash_e7, treeflash_e7, jetspec_e7) are written by
+    treeflash_epochs on the backbone; 5 against 7: dflash_e7, treeflash_e7, jetspec_e7; 7 against 10: dflash_e10) are written by
     `python sweeps/pairs.py <name>` from the committed result files and the two heads' cards, never by hand,
     and every committed cell is in them."""
     root = Path(__file__).parent.parent
