@@ -305,16 +305,11 @@ def pair_outputs(df: pd.DataFrame, baseline: pd.DataFrame | None, pairs: pd.Data
     candidates = baseline.merge(elsewhere[OUTPUT_KEYS].drop_duplicates(), on=OUTPUT_KEYS)
     outputs = candidates["output_ids"].map(lambda ids: tuple(np.asarray(ids, dtype=np.int64).tolist()))
     n_outputs = outputs.groupby([candidates[k] for k in OUTPUT_KEYS], dropna=False).nunique()
-    split = n_outputs[n_outputs > 1]
-    if len(split):
-        ambiguous = pd.MultiIndex.from_frame(elsewhere[OUTPUT_KEYS]).isin(split.index)
-        elsewhere = elsewhere[~ambiguous]
-        n_ambiguous = int(ambiguous.sum())
-    else:
-        n_ambiguous = 0
+    ambiguous = pd.MultiIndex.from_frame(elsewhere[OUTPUT_KEYS]).isin(n_outputs[n_outputs > 1].index)
+    elsewhere = elsewhere[~ambiguous]
     parts = [p for p in (pairs, elsewhere) if not p.empty]
     merged = pd.concat(parts, ignore_index=True) if parts else pairs
-    return merged, len(elsewhere), n_ambiguous
+    return merged, len(elsewhere), int(ambiguous.sum())
 
 
 def cross_machine_note(frame: pd.DataFrame) -> str | None:
