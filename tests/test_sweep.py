@@ -248,7 +248,8 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("eagle3_r1600k_e3", 5), ("treeflash_stage2", 6), ("block_vocab", 24), ("treeflash_vocab", 8),
                                            ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
                                            ("jetspec_epochs", 16), ("dflash_e7", 8), ("treeflash_e7", 8),
-                                           ("jetspec_e7", 16), ("block_e7", 64), ("dflash_e10", 8)])
+                                           ("jetspec_e7", 16), ("block_e7", 64), ("dflash_e10", 8),
+                                           ("jetspec_r1600k", 16)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
