@@ -249,7 +249,7 @@ def test_ray_executor_matches_local(tmp_path, prompts):
                                            ("jetspec_vocab", 24), ("dflash_epochs", 16), ("treeflash_epochs", 8),
                                            ("jetspec_epochs", 16), ("dflash_e7", 8), ("treeflash_e7", 8),
                                            ("jetspec_e7", 16), ("block_e7", 64), ("dflash_e10", 8),
-                                           ("jetspec_r1600k", 16)])
+                                           ("jetspec_r1600k", 16), ("speed_best", 12)])
 def test_shipped_sweep_files_load(name, n_cells):
     """The sweep files behind the README's tables stay valid (drafters, options, tasks, file names)."""
     plan = sweep.load_sweep(Path(__file__).parent.parent / "sweeps" / f"{name}.toml")
@@ -450,3 +450,32 @@ drafter = "ngram"
         f.unlink()
     result = invoke("sweep", path)
     assert result.exit_code == 0 and "shared the CPU" not in result.stderr, result.stderr
+
+
+def test_readme_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
+    """The README's table of the three target-meeting heads timed in one run (sweeps/speed_best.toml) holds, for each
+    head, the decode speedup per task and their mean, the draft share and the projected mean that `specbench compare`
+    gives from the committed files; every one of its cells is lossless."""
+    from specbench import results
+    from specbench.hardware.project import add_projections
+
+    root = Path(__file__).parent.parent
+    monkeypatch.chdir(root)
+    plan = sweep.load_sweep(root / "sweeps" / "speed_best.toml")
+    df = results.read_results(sorted(plan.results_dir.glob("*.parquet")))
+    frame = add_projections(df, report.compare(df), ["h100-sxm:engine"], "qwen3-8b")
+    frame = frame[frame["drafter"] != report.BASELINE_DRAFTER]
+    assert len(frame) == len(plan.cells) == 12 and frame["lossless"].all()
+    readme = (root / "README.md").read_text()
+    start = readme.index("| head | humaneval | math500 | gsm8k | mt-bench | mean | draft share of decode |")
+    rows = readme[start:].split("\n\n", 1)[0].splitlines()[2:]
+    heads = {"EAGLE-3, 200k tokens": "eagle3-smollm2-135m-r200k", "EAGLE-3, 1.6M tokens, 3 epochs":
+             "eagle3-smollm2-135m-r1600k-bf16", "DFlash gamma 1, 8k ids, 10 epochs": "dflash-smollm2-135m-r200k-g1-e10-v8k"}
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == list(heads)
+    for row in rows:
+        cells = [c.strip().strip("*") for c in row.strip("|").split("|")]
+        got = frame[frame["setting"].str.contains(f"path={heads[cells[0]]},")].set_index("task")
+        speedups = [got.loc[t, "decode_speedup_sum"] for t in ("humaneval", "math500", "gsm8k", "mt-bench")]
+        assert cells[1:6] == [f"{x:.2f}x" for x in speedups + [sum(speedups) / 4]]
+        assert cells[6] == f"{100 * got['draft_share'].mean():.0f}%"
+        assert cells[7] == f"{got['projected_decode_speedup_sum'].mean():.2f}x"
