@@ -303,7 +303,7 @@ def pair_outputs(df: pd.DataFrame, baseline: pd.DataFrame | None, pairs: pd.Data
     if elsewhere.empty:
         return pairs, 0, 0
     candidates = baseline.merge(elsewhere[OUTPUT_KEYS].drop_duplicates(), on=OUTPUT_KEYS)
-    outputs = candidates["output_ids"].map(lambda ids: tuple(np.asarray(ids, dtype=np.int64).tolist()))
+    outputs = candidates["output_ids"].map(_output_key)
     n_outputs = outputs.groupby([candidates[k] for k in OUTPUT_KEYS], dropna=False).nunique()
     ambiguous = pd.MultiIndex.from_frame(elsewhere[OUTPUT_KEYS]).isin(n_outputs[n_outputs > 1].index)
     elsewhere = elsewhere[~ambiguous]
@@ -371,8 +371,13 @@ def _greedy(pairs: pd.DataFrame) -> pd.DataFrame:
     return pairs[pairs["temperature"].astype(float) == 0.0] if not pairs.empty else pairs
 
 
+def _output_key(ids: Any) -> tuple[int, ...]:
+    """One output's token ids as a hashable tuple of ints, whatever array or list type the row stored them in."""
+    return tuple(np.asarray(ids, dtype=np.int64).tolist())
+
+
 def _same_output(a: Any, b: Any) -> bool:
-    return np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+    return _output_key(a) == _output_key(b)
 
 
 def lossless(pairs: pd.DataFrame) -> bool | None:
