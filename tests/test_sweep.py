@@ -479,3 +479,46 @@ def test_readme_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
         assert cells[1:6] == [f"{x:.2f}x" for x in speedups + [sum(speedups) / 4]]
         assert cells[6] == f"{100 * got['draft_share'].mean():.0f}%"
         assert cells[7] == f"{got['projected_decode_speedup_sum'].mean():.2f}x"
+
+
+def test_readme_at_a_glance_table_is_what_the_sweep_data_gives(monkeypatch):
+    """The README's at-a-glance table is written by `python sweeps/glance.py` from the committed result files of the
+    sweep each row names, never by hand: rebuilt from the data it must equal the README's; every row with an AR
+    baseline is lossless; the writer replaces a stale table; and a row whose files are missing is a one-line error."""
+    import importlib.util
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("glance_script", root / "sweeps" / "glance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(root)
+    measured = [(row, script.measure(row)) for row in script.ROWS]
+    assert all(m["lossless"] in (True, None) for _, m in measured)
+    assert sum(m["lossless"] is True for _, m in measured) >= 18  # only the two tau-only EAGLE-3 sweeps lack a baseline
+    table = script.table(measured)
+    assert len(table) == 2 + len(script.ROWS)
+    readme = (root / "README.md").read_text()
+    assert script.readme_with_table(readme, table) == readme
+    stale = script.readme_with_table(readme, ["| drafter (head) |", "|---|"])
+    assert stale != readme and script.readme_with_table(stale, table) == readme
+    with pytest.raises(SystemExit, match="has no cell 'nope-16'"):
+        script.measure(script.Row("x", "dflash", "dflash_e10", "nope-16"))
+
+
+def test_at_a_glance_bolds_each_columns_best():
+    """Bold marks the highest tau of each task, the highest CPU mean and gsm8k speedup and the highest projection;
+    a row without a baseline shows "-" for the CPU column."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glance_rules", Path(__file__).parent.parent / "sweeps" / "glance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tasks = script.TASKS
+
+    def m(tau, cpu, proj):
+        return {"tau": dict.fromkeys(tasks, tau), "cpu": dict.fromkeys(tasks, cpu), "projected": dict.fromkeys(tasks, proj)}
+
+    a, b = script.Row("A", "eagle3", "s", "a"), script.Row("B", "dflash", "s", "b")
+    rows = script.table([(a, m(2.0, 0.9, 1.5)), (b, m(1.5, None, 1.6))])
+    assert rows[2] == "| A | **2.00** / **2.00** / **2.00** / **2.00** | **0.90x** (**0.90x**) | 1.50x | `s` |"
+    assert rows[3] == "| B | 1.50 / 1.50 / 1.50 / 1.50 | - | **1.60x** | `s` |"

@@ -1,0 +1,183 @@
+"""The README's "At a glance" table and figure: `python sweeps/glance.py`.
+
+Every row is one head at 16 tree nodes on the block sweeps' prompts (10 each of humaneval, math500 and gsm8k,
+5 two-turn mt-bench, at most 128 new tokens, greedy), read from the committed result files of ONE sweep, named in
+the row: its tau on each task, its CPU decode speedup against the AR baseline that sweep measured beside it (the
+mean of the four tasks' ratios of sums, and gsm8k's), and the mean of the four tasks' projected decode speedups on
+the H100 engine profile at Qwen3-8B's step cost (`specbench compare FILES --hardware h100-sxm:engine --as-target
+qwen3-8b`). A sweep without AR baselines gives "-" for the CPU column; its projection needs none. The script
+writes ``reports/figures/at-a-glance.png`` and the README's table between its marker lines;
+``tests/test_sweep.py`` checks that the README's table is what the committed data gives. Bold marks the highest
+value of each column.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from specbench import report, results, sweep  # noqa: E402
+from specbench.hardware.project import add_projections  # noqa: E402
+
+SWEEPS = Path(__file__).parent
+README = Path("README.md")
+FIGURE = Path("reports/figures/at-a-glance.png")
+TASKS = ("humaneval", "math500", "gsm8k", "mt-bench")
+PROFILE, AS_TARGET = "h100-sxm:engine", "qwen3-8b"
+BEGIN = "<!-- at-a-glance table: written by `python sweeps/glance.py`; do not edit by hand -->"
+END = "<!-- end of the at-a-glance table -->"
+
+
+class Row(NamedTuple):
+    """One head: its display name, family (the figure's colour), and the sweep and cell label it is read from."""
+
+    name: str
+    family: str
+    sweep: str  # sweeps/{sweep}.toml
+    label: str  # the cell label in that sweep: its files are {results_dir}/{label}-{task}.parquet
+    tag: str = ""  # its name on the figure (each family's first and best heads; the rest are unnamed dots)
+
+
+ROWS = (
+    Row("EAGLE-3 (`eagle3-...-r200k`, depth 5, top-k 4)", "eagle3", "block_r200k", "eagle3-16", "EAGLE-3 200k"),
+    Row("TreeFlash (`treeflash-...-r200k`)", "treeflash", "block_r200k", "treeflash-16", "TreeFlash 200k"),
+    Row("DFlash, marginal tree (`dflash-...-r200k`, gamma 7)", "dflash", "block_r200k", "dflash-marginal-16"),
+    Row("JetSpec (`jetspec-...-r200k`)", "jetspec", "block_r200k", "jetspec-16", "JetSpec, DFlash 200k"),
+    Row("DFlash, gamma 1 (`dflash-...-r200k-g1`, trained on an H200)", "dflash", "block_g1", "dflash-marginal-16"),
+    Row("TreeFlash on the gamma-1 backbone (`treeflash-...-r200k-g1bb`)", "treeflash", "block_g1", "treeflash-16"),
+    Row("JetSpec, gamma 1 (`jetspec-...-r200k-g1`)", "jetspec", "block_g1", "jetspec-16"),
+    Row("EAGLE-3 at 800k tokens (`eagle3-...-r800k`)", "eagle3", "eagle3_r800k", "eagle3-r800k-16"),
+    Row("EAGLE-3 at 1.6M tokens, one epoch, bf16 (`eagle3-...-r1600k-e1-bf16`)", "eagle3", "eagle3_r1600k", "eagle3-r1600k-16"),
+    Row("EAGLE-3 at 1.6M tokens, three epochs, bf16 (`eagle3-...-r1600k-bf16`)", "eagle3", "speed_best", "eagle3-r1600k-16", "EAGLE-3 1.6M"),
+    Row("DFlash, gamma 1, 8,192-id draft vocabulary (`dflash-...-r200k-g1-v8k`)", "dflash", "block_vocab", "v8k-marginal-16"),
+    Row("TreeFlash on the 8,192-id gamma-1 backbone (`treeflash-...-r200k-g1bb-v8k`)", "treeflash", "treeflash_vocab", "v8k-16"),
+    Row("JetSpec, gamma 1, 8,192-id draft vocabulary (`jetspec-...-r200k-g1-v8k`)", "jetspec", "jetspec_vocab", "v8k-tree-16"),
+    Row("DFlash, gamma 1, 8,192 ids, 5 epochs (`dflash-...-r200k-g1-e5-v8k`)", "dflash", "dflash_epochs", "e5-marginal-16"),
+    Row("TreeFlash on that 5-epoch backbone (`treeflash-...-r200k-g1bb-e5-v8k`)", "treeflash", "treeflash_epochs", "e5-16"),
+    Row("JetSpec, gamma 1, 8,192 ids, 5 epochs (`jetspec-...-r200k-g1-e5-v8k`)", "jetspec", "jetspec_epochs", "e5-tree-16"),
+    Row("DFlash, gamma 1, 8,192 ids, 7 epochs (`dflash-...-r200k-g1-e7-v8k`)", "dflash", "dflash_e7", "e7-marginal-16"),
+    Row("TreeFlash on that 7-epoch backbone (`treeflash-...-r200k-g1bb-e7-v8k`)", "treeflash", "treeflash_e7", "e7-16", "TreeFlash e7 backbone"),
+    Row("JetSpec, gamma 1, 8,192 ids, 7 epochs (`jetspec-...-r200k-g1-e7-v8k`)", "jetspec", "jetspec_e7", "e7-tree-16", "JetSpec e7"),
+    Row("DFlash, gamma 1, 8,192 ids, 10 epochs (`dflash-...-r200k-g1-e10-v8k`)", "dflash", "dflash_e10", "e10-marginal-16", "DFlash e10"),
+)
+COLOURS = {"eagle3": "tab:blue", "treeflash": "tab:green", "dflash": "tab:orange", "jetspec": "tab:red"}
+
+
+def measure(row: Row) -> dict:
+    """The row's numbers from its sweep's committed files: ``tau`` and ``cpu`` {task: value or None}, ``projected``
+    {task: value}, ``lossless`` (every task's outputs equal its AR baseline's; None without a baseline) and
+    ``machines`` (the CPU models of its files and baselines)."""
+    plan = sweep.load_sweep(SWEEPS / f"{row.sweep}.toml")
+    cells = {c.task_label: c for c in plan.cells if c.label == row.label}
+    if set(cells) != set(TASKS):
+        raise SystemExit(f"sweeps/{row.sweep}.toml has no cell {row.label!r} for every task ({', '.join(TASKS)})")
+    files = [cells[t].out for t in TASKS]
+    if missing := [str(f) for f in files if not f.exists()]:
+        raise SystemExit(f"{row.name}: result files not measured yet: {', '.join(missing)}")
+    baselines = sorted(plan.results_dir.glob("*.ar-baseline.parquet"))
+    df = results.read_results(files + baselines)
+    frame = add_projections(df, report.compare(df, allow_mixed=True), [PROFILE], AS_TARGET)  # each task pairs on its machine
+    frame = frame[frame["drafter"] != report.BASELINE_DRAFTER].set_index("task")
+    if sorted(frame.index) != sorted(TASKS):
+        raise SystemExit(f"{row.name}: expected one compare row per task, got {list(frame.index)}")
+
+    def per_task(column: str) -> dict:
+        return {t: (None if pd.isna(v := frame.loc[t, column]) else float(v)) for t in TASKS}
+
+    cpu = per_task("decode_speedup_sum")
+    lossless = None if any(v is None for v in cpu.values()) else bool(frame["lossless"].astype(bool).all())
+    return {"tau": per_task("tau"), "cpu": cpu, "projected": per_task("projected_decode_speedup_sum"),
+            "lossless": lossless, "machines": sorted(set(df["cpu_model"].astype(str)))}
+
+
+def _mean(values: dict) -> float | None:
+    return None if any(v is None for v in values.values()) else sum(values.values()) / len(values)
+
+
+def _cell(x: float | None, best: float | None, spec: str, suffix: str = "") -> str:
+    if x is None:
+        return "-"
+    text = format(x, spec) + suffix
+    return f"**{text}**" if best is not None and format(x, spec) == format(best, spec) else text
+
+
+def table(measured: list[tuple[Row, dict]]) -> list[str]:
+    """The README's rows: tau per task, CPU mean (gsm8k), projected mean and the sweep, best of each column bold."""
+    best_tau = {t: max(m["tau"][t] for _, m in measured) for t in TASKS}
+    cpu_means = [_mean(m["cpu"]) for _, m in measured]
+    best_cpu = max((c for c in cpu_means if c is not None), default=None)
+    best_gsm8k = max((m["cpu"]["gsm8k"] for _, m in measured if m["cpu"]["gsm8k"] is not None), default=None)
+    projected = [_mean(m["projected"]) for _, m in measured]
+    best_projected = max(projected)
+    lines = ["| drafter (head) | tau: humaneval / math500 / gsm8k / mt-bench | decode speedup, this CPU (gsm8k) | "
+             "projected, H100 engine, Qwen3-8B's step cost | sweep |", "|---|---|---:|---:|---|"]
+    for (row, m), cpu, proj in zip(measured, cpu_means, projected):
+        taus = " / ".join(_cell(m["tau"][t], best_tau[t], ".2f") for t in TASKS)
+        speed = "-" if cpu is None else (f"{_cell(cpu, best_cpu, '.2f', 'x')} "
+                                          f"({_cell(m['cpu']['gsm8k'], best_gsm8k, '.2f', 'x')})")
+        lines.append(f"| {row.name} | {taus} | {speed} | {_cell(proj, best_projected, '.2f', 'x')} | `{row.sweep}` |")
+    return lines
+
+
+def figure(measured: list[tuple[Row, dict]]) -> None:
+    """Mean tau against the mean CPU decode speedup (left) and the projected H100 speedup (right), one point per
+    head, coloured by family; 1x is break-even."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharex=True)
+    for ax, key, ylabel in ((axes[0], "cpu", "decode speedup over AR, this CPU (mean of 4 tasks)"),
+                            (axes[1], "projected", f"projected decode speedup, {PROFILE}, as {AS_TARGET}")):
+        for row, m in measured:
+            y = _mean(m[key])
+            if y is None:
+                continue
+            x = _mean(m["tau"])
+            ax.scatter(x, y, color=COLOURS[row.family], s=28, zorder=3)
+            if row.tag:
+                ax.annotate(row.tag, (x, y), xytext=(4, -3), textcoords="offset points", fontsize=7, ha="left", va="top")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.margins(x=0.15)  # room for the names right of the points
+        ax.set_xlabel("tau, mean of the four tasks (16 nodes)")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+    for family, colour in COLOURS.items():
+        axes[0].scatter([], [], color=colour, label=family)
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("Each head of the at-a-glance table at 16 nodes: tau against decode speedup (smollm2-135m, greedy; "
+                 "no CPU point for heads timed without an AR baseline)",
+                 fontsize=9)
+    fig.tight_layout()
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURE, dpi=150)
+    plt.close(fig)
+
+
+def readme_with_table(text: str, lines: list[str]) -> str:
+    head, sep, rest = text.partition(BEGIN + "\n")
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise SystemExit(f"{README} lacks the lines {BEGIN!r} and {END!r} around the at-a-glance table")
+    return head + sep + "\n".join(lines) + "\n" + sep2 + tail
+
+
+def main() -> int:
+    measured = [(row, measure(row)) for row in ROWS]
+    if broken := [row.name for row, m in measured if m["lossless"] is False]:
+        raise SystemExit(f"not lossless against their AR baselines: {', '.join(broken)}")
+    lines = table(measured)
+    print("\n".join(lines))
+    figure(measured)
+    print(f"wrote {FIGURE}")
+    if README.exists():
+        README.write_text(readme_with_table(README.read_text(), lines))
+        print(f"wrote the table between its marker lines into {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
