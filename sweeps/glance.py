@@ -165,7 +165,16 @@ def readme_with_table(text: str, lines: list[str]) -> str:
     return head + sep + "\n".join(lines) + "\n" + sep2 + tail
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """No arguments: write the table, figure and README table; ``-h``/``--help`` prints the usage; anything else
+    is a one-line error and 2."""
+    if argv in (["-h"], ["--help"]):
+        print("usage: python sweeps/glance.py   (writes the README's at-a-glance table and " + str(FIGURE) + ")")
+        return 0
+    if argv:
+        print(f"error: python sweeps/glance.py takes no arguments (got {' '.join(argv)!r}); its rows are in ROWS",
+              file=sys.stderr)
+        return 2
     measured = [(row, measure(row)) for row in ROWS]
     if broken := [row.name for row, m in measured if m["lossless"] is False]:
         raise SystemExit(f"not lossless against their AR baselines: {', '.join(broken)}")
@@ -180,4 +189,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

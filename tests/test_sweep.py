@@ -522,3 +522,15 @@ def test_at_a_glance_bolds_each_columns_best():
     rows = script.table([(a, m(2.0, 0.9, 1.5)), (b, m(1.5, None, 1.6))])
     assert rows[2] == "| A | **2.00** / **2.00** / **2.00** / **2.00** | **0.90x** (**0.90x**) | 1.50x | `s` |"
     assert rows[3] == "| B | 1.50 / 1.50 / 1.50 / 1.50 | - | **1.60x** | `s` |"
+
+
+def test_glance_script_takes_no_arguments(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glance_cli", Path(__file__).parent.parent / "sweeps" / "glance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--help"]) == 0 and "usage: python sweeps/glance.py" in capsys.readouterr().out
+    assert script.main(["--rows", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "takes no arguments" in err
