@@ -481,16 +481,21 @@ def test_readme_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
         assert cells[7] == f"{got['projected_decode_speedup_sum'].mean():.2f}x"
 
 
+def _glance_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glance_script", Path(__file__).parent.parent / "sweeps" / "glance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def test_readme_at_a_glance_table_is_what_the_sweep_data_gives(monkeypatch):
     """The README's at-a-glance table is written by `python sweeps/glance.py` from the committed result files of the
     sweep each row names, never by hand: rebuilt from the data it must equal the README's; every row with an AR
     baseline is lossless; the writer replaces a stale table; and a row whose files are missing is a one-line error."""
-    import importlib.util
-
     root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("glance_script", root / "sweeps" / "glance.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _glance_script()
     monkeypatch.chdir(root)
     measured = [(row, script.measure(row)) for row in script.ROWS]
     assert all(m["lossless"] in (True, None) for _, m in measured)
@@ -508,11 +513,7 @@ def test_readme_at_a_glance_table_is_what_the_sweep_data_gives(monkeypatch):
 def test_at_a_glance_bolds_each_columns_best():
     """Bold marks the highest tau of each task, the highest CPU mean and gsm8k speedup and the highest projection;
     a row without a baseline shows "-" for the CPU column."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("glance_rules", Path(__file__).parent.parent / "sweeps" / "glance.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _glance_script()
     tasks = script.TASKS
 
     def m(tau, cpu, proj):
@@ -525,11 +526,7 @@ def test_at_a_glance_bolds_each_columns_best():
 
 
 def test_glance_script_takes_no_arguments(capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("glance_cli", Path(__file__).parent.parent / "sweeps" / "glance.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _glance_script()
     assert script.main(["--help"]) == 0 and "usage: python sweeps/glance.py" in capsys.readouterr().out
     assert script.main(["--rows", "3"]) == 2
     err = capsys.readouterr().err
