@@ -9,10 +9,16 @@ qwen3-8b`). A sweep without AR baselines gives "-" for the CPU column; its proje
 writes ``reports/figures/at-a-glance.png`` and the README's table between its marker lines;
 ``tests/test_sweep.py`` checks that the README's table is what the committed data gives. Bold marks the highest
 value of each column.
+
+It also writes the table of issue 10's five targets (between its own marker lines): for each, every head measured
+against it (a tau from one committed result file, or a held-out top-1 from a head's ``training.json``), the best of
+them and the verdict by the target's rule. A head still training (its result file not there yet) is listed as
+"not measured yet" and does not count.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +39,8 @@ TASKS = ("humaneval", "math500", "gsm8k", "mt-bench")
 PROFILE, AS_TARGET = "h100-sxm:engine", "qwen3-8b"
 BEGIN = "<!-- at-a-glance table: written by `python sweeps/glance.py`; do not edit by hand -->"
 END = "<!-- end of the at-a-glance table -->"
+TARGETS_BEGIN = "<!-- issue 10 targets table: written by `python sweeps/glance.py`; do not edit by hand -->"
+TARGETS_END = "<!-- end of the issue 10 targets table -->"
 
 
 class Row(NamedTuple):
@@ -157,11 +165,92 @@ def figure(measured: list[tuple[Row, dict]]) -> None:
     plt.close(fig)
 
 
-def readme_with_table(text: str, lines: list[str]) -> str:
-    head, sep, rest = text.partition(BEGIN + "\n")
-    _, sep2, tail = rest.partition(END)
+class Target(NamedTuple):
+    """One of issue 10's targets: ``heads`` are (name, source) with source (sweep, label, task) for a tau or
+    (checkpoint folder,) for the held-out depth-1 top-1 in its card; ``rule`` takes the best value (and the
+    reference, for a target set against another head) and says whether it is reached."""
+
+    claim: str
+    asked: str
+    heads: tuple
+    reference: tuple | None = None  # (name, source) of the head the target is measured against
+    margin: float = 0.0  # reached when best >= threshold (or reference - margin)
+    threshold: float | None = None
+
+
+_CK = "drafters/checkpoints/"
+TARGETS = (
+    Target("EAGLE-3 tau on humaneval, 16 nodes (depth 5, top-k 4)", ">= 2.5", (
+        ("200k tokens", ("block_r200k", "eagle3-16", "humaneval")),
+        ("800k tokens", ("eagle3_r800k", "eagle3-r800k-16", "humaneval")),
+        ("1.6M tokens, 3 epochs", ("speed_best", "eagle3-r1600k-16", "humaneval"))), threshold=2.5),
+    Target("EAGLE-3 tau on humaneval, 60 nodes (depth 7, top-k 10)", ">= 3.0", (
+        ("200k tokens", ("eagle3_vocab", "eagle3-60", "humaneval")),
+        ("800k tokens", ("eagle3_r800k", "eagle3-r800k-60", "humaneval")),
+        ("1.6M tokens, 3 epochs", ("eagle3_r1600k_e3", "eagle3-r1600k-e3-60", "humaneval"))), threshold=3.0),
+    Target("DFlash held-out depth-1 top-1, 200k tokens", "within 0.05 of EAGLE-3's", (
+        ("gamma 7", (_CK + "dflash-smollm2-135m-r200k",)), ("gamma 1", (_CK + "dflash-smollm2-135m-r200k-g1",)),
+        ("gamma 1, 8k ids, 3 epochs", (_CK + "dflash-smollm2-135m-r200k-g1-v8k",)),
+        ("5 epochs", (_CK + "dflash-smollm2-135m-r200k-g1-e5-v8k",)),
+        ("7 epochs", (_CK + "dflash-smollm2-135m-r200k-g1-e7-v8k",)),
+        ("10 epochs", (_CK + "dflash-smollm2-135m-r200k-g1-e10-v8k",))),
+        reference=("EAGLE-3 200k", (_CK + "eagle3-smollm2-135m-r200k",)), margin=0.05),
+    Target("DFlash marginal-tree tau on humaneval, 16 nodes, 200k tokens", "no lower than EAGLE-3's 16-node tau", (
+        ("gamma 7", ("block_r200k", "dflash-marginal-16", "humaneval")),
+        ("gamma 1", ("block_g1", "dflash-marginal-16", "humaneval")),
+        ("gamma 1, 8k ids, 7 epochs", ("block_e7", "dflash-marginal-16", "humaneval")),
+        ("10 epochs", ("speed_best", "dflash-e10-16", "humaneval"))),
+        reference=("EAGLE-3 200k", ("speed_best", "eagle3-r200k-16", "humaneval"))),
+    Target("JetSpec tau on math500, budget 64", ">= 2.5", (
+        ("gamma 7", ("block_r200k", "jetspec-64", "math500")), ("gamma 1", ("block_g1", "jetspec-64", "math500")),
+        ("gamma 1, 8k ids, 7 epochs", ("jetspec_e7", "e7-tree-64", "math500")),
+        ("1.6M tokens, 3 epochs", ("jetspec_r1600k", "r1600k-tree-64", "math500"))), threshold=2.5),
+)
+
+
+def target_value(source: tuple) -> float | None:
+    """A tau (micro, from the cell's committed result file) or a card's held-out depth-1 top-1; None when the
+    file is not there yet (a head still training)."""
+    if len(source) == 1:
+        card = Path(source[0]) / "training.json"
+        return json.loads(card.read_text())["heldout"]["acc_0"] if card.exists() else None
+    sweep_name, label, task = source
+    plan = sweep.load_sweep(SWEEPS / f"{sweep_name}.toml")
+    cells = [c for c in plan.cells if c.label == label and c.task_label == task]
+    if len(cells) != 1:
+        raise SystemExit(f"sweeps/{sweep_name}.toml has no cell {label!r} on {task}")
+    if not cells[0].out.exists():
+        return None
+    frame = report.compare(results.read_results([cells[0].out]))
+    return float(frame.loc[frame["drafter"] != report.BASELINE_DRAFTER, "tau"].iloc[0])
+
+
+def targets_table() -> list[str]:
+    """One row per target: what was asked, every head's value, the best and the verdict by the target's rule."""
+    lines = ["| target | asked | measured (each head) | best | verdict |", "|---|---|---|---:|---|"]
+    spec = lambda source: ".3f" if len(source) == 1 else ".2f"  # noqa: E731  (top-1 to 3 places, tau to 2)
+    for t in TARGETS:
+        values = [(name, source, target_value(source)) for name, source in t.heads]
+        parts = [f"{name}: {'not measured yet' if v is None else format(v, spec(source))}" for name, source, v in values]
+        measured = [(v, name) for name, _, v in values if v is not None]
+        best, best_name = max(measured)
+        if t.reference is not None:
+            ref = target_value(t.reference[1])
+            parts.append(f"{t.reference[0]}: {format(ref, spec(t.reference[1]))}")
+            bar = ref - t.margin
+        else:
+            bar = t.threshold
+        shown = format(best, spec(t.heads[0][1]))
+        verdict = "**not reached**" if best < bar else ("**reached** (at equality)" if best == bar else "**reached**")
+        lines.append(f"| {t.claim} | {t.asked} | {'; '.join(parts)} | {shown} ({best_name}) | {verdict} |")
+    return lines
+
+
+def readme_with_table(text: str, lines: list[str], begin: str = BEGIN, end: str = END) -> str:
+    head, sep, rest = text.partition(begin + "\n")
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise SystemExit(f"{README} lacks the lines {BEGIN!r} and {END!r} around the at-a-glance table")
+        raise SystemExit(f"{README} lacks the lines {begin!r} and {end!r} around its table")
     return head + sep + "\n".join(lines) + "\n" + sep2 + tail
 
 
@@ -178,13 +267,14 @@ def main(argv: list[str]) -> int:
     measured = [(row, measure(row)) for row in ROWS]
     if broken := [row.name for row, m in measured if m["lossless"] is False]:
         raise SystemExit(f"not lossless against their AR baselines: {', '.join(broken)}")
-    lines = table(measured)
-    print("\n".join(lines))
+    lines, goals = table(measured), targets_table()
+    print("\n".join(lines + [""] + goals))
     figure(measured)
     print(f"wrote {FIGURE}")
     if README.exists():
-        README.write_text(readme_with_table(README.read_text(), lines))
-        print(f"wrote the table between its marker lines into {README}")
+        text = readme_with_table(README.read_text(), lines)
+        README.write_text(readme_with_table(text, goals, TARGETS_BEGIN, TARGETS_END))
+        print(f"wrote both tables between their marker lines into {README}")
     return 0
 
 

@@ -506,6 +506,9 @@ def test_readme_at_a_glance_table_is_what_the_sweep_data_gives(monkeypatch):
     assert script.readme_with_table(readme, table) == readme
     stale = script.readme_with_table(readme, ["| drafter (head) |", "|---|"])
     assert stale != readme and script.readme_with_table(stale, table) == readme
+    goals = script.targets_table()  # issue 10's five targets, each with its verdict
+    assert len(goals) == 2 + len(script.TARGETS) and all(row.endswith(("reached** |", "(at equality) |")) for row in goals[2:])
+    assert script.readme_with_table(readme, goals, script.TARGETS_BEGIN, script.TARGETS_END) == readme
     with pytest.raises(SystemExit, match="has no cell 'nope-16'"):
         script.measure(script.Row("x", "dflash", "dflash_e10", "nope-16"))
 
@@ -523,6 +526,25 @@ def test_at_a_glance_bolds_each_columns_best():
     rows = script.table([(a, m(2.0, 0.9, 1.5)), (b, m(1.5, None, 1.6))])
     assert rows[2] == "| A | **2.00** / **2.00** / **2.00** / **2.00** | **0.90x** (**0.90x**) | 1.50x | `s` |"
     assert rows[3] == "| B | 1.50 / 1.50 / 1.50 / 1.50 | - | **1.60x** | `s` |"
+
+
+def test_issue_targets_are_decided_by_their_rule(monkeypatch):
+    """A target is reached when its best head is at or over the bar (a threshold, or the reference head less the
+    margin), "at equality" when exactly on it; a head whose file is not there yet does not count."""
+    script = _glance_script()
+    a, b, ref, pending = (("s", name, "humaneval") for name in ("a", "b", "ref", "pending"))  # taus: (sweep, label, task)
+    values = {a: 2.4, b: 2.6, ref: 2.6, pending: None}
+    monkeypatch.setattr(script, "target_value", lambda source: values[source])
+    cases = [(script.Target("t", ">= 2.5", (("A", a), ("B", b)), threshold=2.5), "| 2.60 (B) | **reached** |"),
+             (script.Target("t", ">= 2.5", (("A", a), ("P", pending)), threshold=2.5), "**not reached** |"),
+             (script.Target("t", "= ref", (("B", b),), reference=("R", ref)), "**reached** (at equality) |"),
+             (script.Target("t", "ref - 0.3", (("A", a),), reference=("R", ref), margin=0.3), "**reached** |"),
+             (script.Target("t", "ref - 0.1", (("A", a),), reference=("R", ref), margin=0.1), "**not reached** |")]
+    for target, ending in cases:
+        monkeypatch.setattr(script, "TARGETS", (target,))
+        row = script.targets_table()[2]
+        assert row.endswith(ending), (row, ending)
+        assert ("P: not measured yet" in row) == (target.heads[-1][0] == "P")
 
 
 def test_glance_script_takes_no_arguments(capsys):
