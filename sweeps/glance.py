@@ -80,8 +80,7 @@ COLOURS = {"eagle3": "tab:blue", "treeflash": "tab:green", "dflash": "tab:orange
 
 def measure(row: Row) -> dict:
     """The row's numbers from its sweep's committed files: ``tau`` and ``cpu`` {task: value or None}, ``projected``
-    {task: value}, ``lossless`` (every task's outputs equal its AR baseline's; None without a baseline) and
-    ``machines`` (the CPU models of its files and baselines)."""
+    {task: value} and ``lossless`` (every task's outputs equal its AR baseline's; None without a baseline)."""
     plan = sweep.load_sweep(SWEEPS / f"{row.sweep}.toml")
     cells = {c.task_label: c for c in plan.cells if c.label == row.label}
     if set(cells) != set(TASKS):
@@ -100,9 +99,9 @@ def measure(row: Row) -> dict:
         return {t: (None if pd.isna(v := frame.loc[t, column]) else float(v)) for t in TASKS}
 
     cpu = per_task("decode_speedup_sum")
-    lossless = None if any(v is None for v in cpu.values()) else bool(frame["lossless"].astype(bool).all())
-    return {"tau": per_task("tau"), "cpu": cpu, "projected": per_task("projected_decode_speedup_sum"),
-            "lossless": lossless, "machines": sorted(set(df["cpu_model"].astype(str)))}
+    # an unknown verdict (None/NaN: nothing to check) is not a yes
+    lossless = None if any(v is None for v in cpu.values()) else bool(frame["lossless"].eq(True).all())
+    return {"tau": per_task("tau"), "cpu": cpu, "projected": per_task("projected_decode_speedup_sum"), "lossless": lossless}
 
 
 def _mean(values: dict) -> float | None:
