@@ -219,11 +219,7 @@ set = {{num_draft = [2, 3]}}
 
 
 def test_ray_executor_matches_local(tmp_path, prompts):
-    try:
-        import ray  # noqa: F401
-    except ImportError as exc:
-        print(f"skipping: ray cannot be imported ({exc}); pip install 'specbench[ray]'")
-        pytest.skip(f"ray cannot be imported ({exc})")
+    pytest.importorskip("ray", reason="ray cannot be imported; pip install 'specbench[ray]'")
     local = sweep.load_sweep(write(tmp_path, FOUR.format(res=tmp_path / "local", tasks=prompts), "local.toml"))
     remote = sweep.load_sweep(write(tmp_path, FOUR.format(res=tmp_path / "ray", tasks=prompts), "ray.toml"), "ray")
     assert len(local.cells) == len(remote.cells) == 4
