@@ -18,6 +18,8 @@ them and the verdict by the target's rule. A head still training (its result fil
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -31,6 +33,10 @@ import pandas as pd  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
 from specbench.hardware.project import add_projections  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("block_r200k", Path(__file__).with_name("block_r200k.py"))
+base = importlib.util.module_from_spec(_spec)  # its readme_with_table replaces the lines between two markers
+_spec.loader.exec_module(base)
 
 SWEEPS = Path(__file__).parent
 README = Path("README.md")
@@ -78,10 +84,16 @@ ROWS = (
 COLOURS = {"eagle3": "tab:blue", "treeflash": "tab:green", "dflash": "tab:orange", "jetspec": "tab:red"}
 
 
+@functools.lru_cache(maxsize=None)
+def _plan(name: str) -> sweep.Sweep:
+    """sweeps/{name}.toml, parsed once: several rows and targets read the same sweep."""
+    return sweep.load_sweep(SWEEPS / f"{name}.toml")
+
+
 def measure(row: Row) -> dict:
     """The row's numbers from its sweep's committed files: ``tau`` and ``cpu`` {task: value or None}, ``projected``
     {task: value} and ``lossless`` (every task's outputs equal its AR baseline's; None without a baseline)."""
-    plan = sweep.load_sweep(SWEEPS / f"{row.sweep}.toml")
+    plan = _plan(row.sweep)
     cells = {c.task_label: c for c in plan.cells if c.label == row.label}
     if set(cells) != set(TASKS):
         raise SystemExit(f"sweeps/{row.sweep}.toml has no cell {row.label!r} for every task ({', '.join(TASKS)})")
@@ -214,7 +226,7 @@ def target_value(source: tuple) -> float | None:
         card = Path(source[0]) / "training.json"
         return json.loads(card.read_text())["heldout"]["acc_0"] if card.exists() else None
     sweep_name, label, task = source
-    plan = sweep.load_sweep(SWEEPS / f"{sweep_name}.toml")
+    plan = _plan(sweep_name)
     cells = [c for c in plan.cells if c.label == label and c.task_label == task]
     if len(cells) != 1:
         raise SystemExit(f"sweeps/{sweep_name}.toml has no cell {label!r} on {task}")
@@ -246,11 +258,7 @@ def targets_table() -> list[str]:
 
 
 def readme_with_table(text: str, lines: list[str], begin: str = BEGIN, end: str = END) -> str:
-    head, sep, rest = text.partition(begin + "\n")
-    _, sep2, tail = rest.partition(end)
-    if not sep or not sep2:
-        raise SystemExit(f"{README} lacks the lines {begin!r} and {end!r} around its table")
-    return head + sep + "\n".join(lines) + "\n" + sep2 + tail
+    return base.readme_with_table(text, lines, begin, end)
 
 
 def main(argv: list[str]) -> int:
