@@ -25,7 +25,7 @@ EAGLE-3 (``--format speculators``):
 DFlash is refused: speculators' DFlash checkpoints carry the verifier's embedding and lm_head and
 take the mask from the verifier's embedding row at ``mask_token_id``; the block drafters specbench
 trains for a target without a spare token id learn their own mask vector, which that format has no
-place for (see the README's "Serving these checkpoints elsewhere").
+place for (see "Serving these checkpoints elsewhere" in reports/block-drafters.md).
 """
 
 from __future__ import annotations

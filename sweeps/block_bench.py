@@ -1,7 +1,7 @@
-"""The README's block-drafter tables from `specbench sweep sweeps/block_bench.toml`: `python sweeps/block_bench.py`.
+"""The 40k heads' block-drafter tables (reports/block-drafters.md) from `specbench sweep sweeps/block_bench.toml`: `python sweeps/block_bench.py`.
 
 Reads the cells of ``sweeps/block_bench.toml`` (their files in ``results/block/``) and writes
-``reports/block_bench.md`` (the tables of the README) and ``reports/figures/block-budget-sweep.png``
+``reports/block_bench.md`` (the tables of the block notes) and ``reports/figures/block-budget-sweep.png``
 (tau and decode speedup against the node budget). Each cell is paired with the AR baseline of its
 task (the one its sweep group ran first and the others reused).
 """

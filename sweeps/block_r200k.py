@@ -5,9 +5,9 @@ One table per set of block heads, each named in ``TABLES``: ``r200k`` the 200k-t
 same cells (``specbench sweep sweeps/block_<name>.toml``: every cell of a task paired with one AR
 baseline measured in the same run), rules, report and figure. For table NAME this reads
 ``reports/data/block-NAME/`` and writes ``reports/block_NAME.md``, ``reports/figures/block-NAME-budget.png``
-(tau and decode speedup against the node budget, one panel per task) and the README's table between
-that table's own marker lines (``tests/test_sweep.py`` checks that each README table is what its data
-gives). Cells that have not run yet show as "-", and a claim with a missing cell says so instead of a
+(tau and decode speedup against the node budget, one panel per task) and the table between that table's
+own marker lines in the README or the note under ``reports/`` that holds them (``tests/test_sweep.py`` checks
+that each such table is what its data gives). Cells that have not run yet show as "-", and a claim with a missing cell says so instead of a
 verdict, unless a measured cell already fails it. Each verdict states its rule; none is decided by hand.
 """
 
@@ -31,6 +31,7 @@ CURVES = (("dflash-marginal", "DFlash, marginal tree"), ("jetspec", "JetSpec, ca
 AT16 = (("dflash-chain-16", "DFlash, chain"), ("jetspec-chain-16", "JetSpec, chain (width 1)"),
         ("jetspec-kbest-16", "JetSpec head, marginal tree"), ("eagle3-16", "EAGLE-3 (200k head), depth 5, top_k 4"))
 README = Path("README.md")
+NOTES = Path("reports")  # the notes under reports/ that the README links to
 SWEEPS = Path(__file__).parent
 
 
@@ -209,12 +210,29 @@ def readme_table(tasks: list[str], s: dict) -> list[str]:
 
 
 def readme_with_table(text: str, table: list[str], begin: str = TABLES["r200k"].begin, end: str = TABLES["r200k"].end) -> str:
-    """``text`` (the README) with the lines between ``begin`` and ``end`` replaced by ``table``."""
+    """``text`` (a markdown file) with the lines between ``begin`` and ``end`` replaced by ``table``."""
     head, sep, rest = text.partition(begin + "\n")
     _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise SystemExit(f"{README} lacks the lines {begin!r} and {end!r} around the claims table")
+        raise SystemExit(f"no lines {begin!r} and {end!r} around a table")
     return head + sep + "\n".join(table) + "\n" + sep2 + tail
+
+
+def doc_with(begin: str) -> Path | None:
+    """The markdown file that holds the marker line ``begin``: the README or one of the notes under ``reports/``
+    (paths from the repository root); None when none does (e.g. run from elsewhere). Two holding it is an error."""
+    found = [p for p in (README, *sorted(NOTES.glob("*.md"))) if p.is_file() and begin + "\n" in p.read_text()]
+    if len(found) > 1:
+        raise SystemExit(f"the marker {begin!r} is in {len(found)} files ({', '.join(map(str, found))}); keep it in one")
+    return found[0] if found else None
+
+
+def write_table(table: list[str], begin: str, end: str) -> Path | None:
+    """Replace the lines between ``begin`` and ``end`` in the file :func:`doc_with` finds; return that file."""
+    doc = doc_with(begin)
+    if doc is not None:
+        doc.write_text(readme_with_table(doc.read_text(), table, begin, end))
+    return doc
 
 
 def main(table: Table) -> None:
@@ -282,9 +300,8 @@ def main(table: Table) -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if README.exists():
-        README.write_text(readme_with_table(README.read_text(), readme_table(tasks, s), table.begin, table.end))
-        print(f"wrote the claims table into {README}")
+    if (doc := write_table(readme_table(tasks, s), table.begin, table.end)) is not None:
+        print(f"wrote the claims table into {doc}")
 
 
 def cli(argv: list[str]) -> int:

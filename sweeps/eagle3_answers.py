@@ -2,7 +2,7 @@
 
 Reads ``results/eagle3-answers/`` (``specbench sweep sweeps/eagle3_answers.toml``: the original-answers
 head) and the regenerated head's cells from ``results/specblock-speed/`` (``sweeps/specblock_speed.toml``'s
-eagle3-16 cells: the same settings, prompts and token limit). Prints the markdown table of the README: per task
+eagle3-16 cells: the same settings, prompts and token limit). Prints the markdown table of reports/eagle3.md: per task
 and node budget, tau and P(acc >= d) of each head, the two heads' held-out accuracies from their
 training cards (each on its own answer source's held-out data, so they do not compare across rows),
 and checks that both heads' outputs are identical token for token (both are lossless).

@@ -39,7 +39,6 @@ base = importlib.util.module_from_spec(_spec)  # its readme_with_table replaces 
 _spec.loader.exec_module(base)
 
 SWEEPS = Path(__file__).parent
-README = Path("README.md")
 FIGURE = Path("reports/figures/at-a-glance.png")
 TASKS = ("humaneval", "math500", "gsm8k", "mt-bench")
 PROFILE, AS_TARGET = "h100-sxm:engine", "qwen3-8b"
@@ -278,10 +277,9 @@ def main(argv: list[str]) -> int:
     print("\n".join(lines + [""] + goals))
     figure(measured)
     print(f"wrote {FIGURE}")
-    if README.exists():
-        text = readme_with_table(README.read_text(), lines)
-        README.write_text(readme_with_table(text, goals, TARGETS_BEGIN, TARGETS_END))
-        print(f"wrote both tables between their marker lines into {README}")
+    for rows, begin, end in ((lines, BEGIN, END), (goals, TARGETS_BEGIN, TARGETS_END)):
+        if (doc := base.write_table(rows, begin, end)) is not None:
+            print(f"wrote the table between {begin!r} and its end marker into {doc}")
     return 0
 
 

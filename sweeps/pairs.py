@@ -4,8 +4,8 @@ Each pair is a :class:`Comparison` in :data:`COMPARISONS`, named after its sweep
 (``specbench sweep sweeps/NAME.toml``: both heads at each setting, alternating, every task's cells paired
 with one AR baseline measured in the same run). The script reads that sweep's result files and the two
 heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures/NAME.png`` (with "-" for
-"_") and the README's table between the pair's marker lines (``tests/test_sweep.py`` checks that each
-README table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
+"_") and the table between the pair's marker lines in the block notes, ``reports/block-drafters.md``
+(``tests/test_sweep.py`` checks that each such table is what the committed data gives). Cells that have not run yet show as "-". The pairs: a
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
 ``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``, ``jetspec_e7``: 5 against 7; ``dflash_e10``: 7
@@ -32,7 +32,6 @@ base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
 SWEEPS = Path(__file__).parent
-README = Path("README.md")
 DEPTHS = (1, 2, 3, 4, 8)
 _fmt = base._fmt
 summaries = base.summaries
@@ -68,7 +67,7 @@ class Comparison(NamedTuple):
         return f"python sweeps/pairs.py {self.name}"
 
     @property
-    def begin(self) -> str:  # the README's marker lines around the generated table
+    def begin(self) -> str:  # the marker lines around the generated table (in the block notes)
         return f"<!-- {self.name} table: written by `{self.command}`; do not edit by hand -->"
 
     @property
@@ -282,11 +281,8 @@ def main(comp: Comparison) -> None:
     comp.out.parent.mkdir(exist_ok=True)
     comp.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if README.exists():
-        text = README.read_text()
-        if comp.begin in text:
-            README.write_text(readme_with_table(text, readme_table(tasks, s, cards, comp), comp.begin, comp.end))
-            print(f"wrote the table between {comp.begin!r} and its end marker into {README}")
+    if (doc := base.write_table(readme_table(tasks, s, cards, comp), comp.begin, comp.end)) is not None:
+        print(f"wrote the table between {comp.begin!r} and its end marker into {doc}")
 
 
 def cli(argv: list[str]) -> int:

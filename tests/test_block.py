@@ -423,7 +423,7 @@ def test_lazy_stage2_builds_the_batched_tree(setups):
 
 @pytest.mark.parametrize("budget", [16, 64, 128])
 def test_committed_stage2_runs_built_the_same_trees(budget):
-    """The README's batched-or-lazy table (reports/data/treeflash-stage2) rests on the two building the
+    """The block notes' batched-or-lazy table (reports/data/treeflash-stage2) rests on the two building the
     same trees on the real head: every prompt's output, tree sizes, depths and accepted lengths match."""
     from specbench import results
 

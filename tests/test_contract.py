@@ -208,6 +208,36 @@ def test_resume_with_other_weights_at_the_same_path_is_refused(tmp_path, wide_co
         runner.run(dataclasses.replace(spec, resume=True), lambda s: target)
 
 
+def _slugs(text: str) -> set[str]:
+    """The anchors GitHub derives from a markdown file's headings (lower case, punctuation dropped, spaces to hyphens)."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_links_between_the_readme_and_its_notes_resolve():
+    """Every relative link in the README and in the notes under reports/ (the README's results in full) names a file
+    that exists, and a link with an anchor names a heading of that file: moving a section between them cannot leave
+    a dead link behind."""
+    root = README.parent
+    docs = [README, *sorted((root / "reports").glob("*.md"))]
+    notes = {"eagle3.md", "block-drafters.md", "specblock.md", "training-free.md", "hardware.md", "README.md"}
+    assert notes <= {d.name for d in docs[1:]}
+    dead, checked = [], 0
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if target.startswith(("http://", "https://", "#")):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve()
+            checked += 1
+            if not dest.exists():
+                dead.append(f"{doc.name}: {target} (no such file)")
+            elif anchor and anchor not in _slugs(dest.read_text()):
+                dead.append(f"{doc.name}: {target} (no such heading)")
+    assert checked >= 30 and dead == []
+    readme = README.read_text()  # the README links every note
+    assert all(f"](reports/{n})" in readme for n in notes - {"README.md"})
+
+
 def test_readme_links_to_its_own_sections_resolve():
     """Every `](#anchor)` in the README (its contents line among them) names a heading that exists, by the
     anchor GitHub derives from the heading's text (lower case, punctuation dropped, spaces to hyphens)."""

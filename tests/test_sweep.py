@@ -256,10 +256,10 @@ def test_shipped_sweep_files_load(name, n_cells):
 
 
 @pytest.mark.parametrize("key", ["r200k", "g1", "e7"])
-def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, key):
-    """The README's block claims tables (gamma-7 heads: r200k; gamma-1 heads: g1; 7-epoch 8k heads: e7) are written by
-    `python sweeps/block_r200k.py KEY` from the committed result files, never by hand: rebuilt from the sweep's results
-    it must equal the README's, and the writer replaces a stale one."""
+def test_claims_table_is_what_the_block_data_gives(monkeypatch, key):
+    """The block claims tables (gamma-7 heads: r200k; gamma-1 heads: g1; 7-epoch 8k heads: e7) are written by
+    `python sweeps/block_r200k.py KEY` from the committed result files, never by hand, into the file that holds their
+    markers: rebuilt from the sweep's results each must equal that file's, and the writer replaces a stale one."""
     import importlib.util
 
     root = Path(__file__).parent.parent
@@ -277,12 +277,38 @@ def test_readme_claims_table_is_what_the_block_data_gives(monkeypatch, key):
     if key == "r200k":
         assert len(cells) == 64
     table = script.readme_table(tasks, cells)
-    readme = (root / "README.md").read_text()
     begin, end = table_def.begin, table_def.end
+    doc = script.doc_with(begin)  # issue 10 asks for the retrained heads' claims in the README; the gamma-1 ones are in the block notes
+    assert doc == (Path("reports/block-drafters.md") if key == "g1" else Path("README.md"))
+    readme = doc.read_text()
     assert f"`python sweeps/block_r200k.py{'' if key == 'r200k' else ' ' + key}`" in begin  # the marker names its command
     assert script.readme_with_table(readme, table, begin, end) == readme
     stale = script.readme_with_table(readme, ["| claim (rule) | verdict | numbers |", "|---|---|---|"], begin, end)
     assert stale != readme and script.readme_with_table(stale, table, begin, end) == readme
+
+
+def test_table_writers_find_the_one_file_that_holds_the_markers(tmp_path, monkeypatch):
+    """A generated table lives in the README or in one note under reports/: the writer replaces the lines between
+    the markers wherever they are, leaves every other file alone, refuses a marker held by two files and writes
+    nothing when no file holds it (run from outside the repository)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("block_r200k_docs", Path(__file__).parent.parent / "sweeps" / "block_r200k.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(tmp_path)
+    begin, end = "<!-- t: written by x -->", "<!-- end of t -->"
+    assert script.write_table(["| a |"], begin, end) is None  # no README, no notes
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "README.md").write_text("intro\n")
+    note = tmp_path / "reports" / "notes.md"
+    note.write_text(f"# notes\n{begin}\n| old |\n{end}\nafter\n")
+    assert script.write_table(["| new |", "|---|"], begin, end) == Path("reports/notes.md")
+    assert note.read_text() == f"# notes\n{begin}\n| new |\n|---|\n{end}\nafter\n"
+    assert (tmp_path / "README.md").read_text() == "intro\n"
+    (tmp_path / "README.md").write_text(f"{begin}\n{end}\n")
+    with pytest.raises(SystemExit, match="is in 2 files"):
+        script.write_table(["| x |"], begin, end)
 
 
 def test_block_claims_script_names_its_tables_and_refuses_an_unknown_one(capsys):
@@ -341,8 +367,8 @@ def test_pairs_script_names_a_wrong_pair_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("name", PAIRS)
-def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name):
-    """The README's two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
+def test_pair_table_is_what_the_sweep_data_gives(monkeypatch, name):
+    """The block notes' two-head tables (full against 8k vocabulary, DFlash: block_vocab; TreeFlash:
     treeflash_vocab; JetSpec: jetspec_vocab; 3 against 5 epochs: dflash_epochs, jetspec_epochs, and
     treeflash_epochs on the backbone; 5 against 7: dflash_e7, treeflash_e7, jetspec_e7; 7 against 10: dflash_e10) are written by
     `python sweeps/pairs.py <name>` from the committed result files and the two heads' cards, never by hand,
@@ -360,7 +386,9 @@ def test_readme_vocabulary_table_is_what_the_sweep_data_gives(monkeypatch, name)
     table = lib.readme_table(tasks, cells, cards, comp)
     names = tuple(f"| {n} |" for _, n in comp.settings)
     assert sum(line.startswith(names) for line in table) == len({(label.split("-", 1)[1], t) for label, t in cells})
-    readme = (root / "README.md").read_text()
+    doc = lib.base.doc_with(comp.begin)
+    assert doc == Path("reports/block-drafters.md")  # every two-head table is in the block notes
+    readme = doc.read_text()
     assert lib.readme_with_table(readme, table, comp.begin, comp.end) == readme
     stale = lib.readme_with_table(readme, ["| head |", "|---|"], comp.begin, comp.end)
     assert stale != readme and lib.readme_with_table(stale, table, comp.begin, comp.end) == readme
@@ -448,8 +476,8 @@ drafter = "ngram"
     assert result.exit_code == 0 and "shared the CPU" not in result.stderr, result.stderr
 
 
-def test_readme_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
-    """The README's table of the three target-meeting heads timed in one run (sweeps/speed_best.toml) holds, for each
+def test_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
+    """The EAGLE-3 notes' table of the three target-meeting heads timed in one run (sweeps/speed_best.toml) holds, for each
     head, the decode speedup per task and their mean, the draft share and the projected mean that `specbench compare`
     gives from the committed files; every one of its cells is lossless."""
     from specbench import results
@@ -462,7 +490,7 @@ def test_readme_speed_best_table_is_what_its_sweep_data_gives(monkeypatch):
     frame = add_projections(df, report.compare(df), ["h100-sxm:engine"], "qwen3-8b")
     frame = frame[frame["drafter"] != report.BASELINE_DRAFTER]
     assert len(frame) == len(plan.cells) == 12 and frame["lossless"].all()
-    readme = (root / "README.md").read_text()
+    readme = (root / "reports" / "eagle3.md").read_text()  # the EAGLE-3 notes
     start = readme.index("| head | humaneval | math500 | gsm8k | mt-bench | mean | draft share of decode |")
     rows = readme[start:].split("\n\n", 1)[0].splitlines()[2:]
     heads = {"EAGLE-3, 200k tokens": "eagle3-smollm2-135m-r200k", "EAGLE-3, 1.6M tokens, 3 epochs":
@@ -498,6 +526,7 @@ def test_readme_at_a_glance_table_is_what_the_sweep_data_gives(monkeypatch):
     assert sum(m["lossless"] is True for _, m in measured) >= 18  # only the two tau-only EAGLE-3 sweeps lack a baseline
     table = script.table(measured)
     assert len(table) == 2 + len(script.ROWS)
+    assert script.base.doc_with(script.BEGIN) == script.base.doc_with(script.TARGETS_BEGIN) == Path("README.md")
     readme = (root / "README.md").read_text()
     assert script.readme_with_table(readme, table) == readme
     stale = script.readme_with_table(readme, ["| drafter (head) |", "|---|"])

@@ -6,7 +6,7 @@ with its tolerance (relative). Speedup/tau points use the speedup identity: the 
 ``(t_fix + T_fwd(1)) / (t_fix + t_round + T_draft + T_fwd(n))``.
 
 Assumptions the sources do not state (context lengths, draft lengths, drafter shapes) are written
-next to each point; the README's "Hardware projections" section lists them too.
+next to each point; reports/hardware.md lists them too.
 """
 
 from __future__ import annotations
