@@ -16,7 +16,7 @@ then drafts:
   greedy: the top probability). Both depend on the drafter's own state only, so the output stays
   the target's (greedy equality, exact sampling). They apply to the chain only (a tree ignores them).
   The defaults (20 tokens, constant, threshold 0.7) were chosen by ``python -m specbench.replay
-  draft-model`` on the Qwen2.5-Coder 1.5B / 0.5B pair (README, "Training-free drafters").
+  draft-model`` on the Qwen2.5-Coder 1.5B / 0.5B pair (reports/training-free.md).
 * ``top_k > 1``: a tree; at each depth every frontier node gets its ``top_k`` most likely children
   and the ``top_k`` best new nodes by cumulative log-prob become the next frontier. Each depth is
   one draft forward over the whole tree so far (simple and exact; it recomputes ancestors, which

@@ -15,7 +15,7 @@ longest n with any earlier occurrence wins; among its occurrences, ``match`` pic
 With ``branches = 1`` (the default) the proposal is one chain; with ``branches > 1`` up to that
 many distinct continuations (in the order above, longer n-grams first) are merged into a tree.
 An n-gram index is kept up to date incrementally, so a proposal never scans the whole history.
-The defaults were chosen by ``python -m specbench.replay ngram`` (README, "Training-free drafters").
+The defaults were chosen by ``python -m specbench.replay ngram`` (reports/training-free.md).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class BlockRecipe(TrainRecipe):
     anchors_per_sequence: int = 512
     # anchors per block forward (summed over the batch's sequences) and scored rows per lm_head + loss
     # chunk: they bound memory and leave the result exact. Chosen by scripts/measure-block-step on
-    # smollm2-135m (README): anchor_chunk 128 took 0.74x the step time of 512 (a chunk attends only
+    # smollm2-135m (reports/block-drafters.md): anchor_chunk 128 took 0.74x the step time of 512 (a chunk attends only
     # to the context before its last root), logit_chunk 512 0.94x that of 2048 (within noise)
     anchor_chunk: int = 128
     logit_chunk: int = 512
@@ -321,7 +321,7 @@ class BlockTraining(Trainable):
         """JetSpec's soft labels, computed once per batch: the target's distribution p [Vd] and
         sum p log p at every position a scored row conditions on (row k of anchor a conditions on
         position a+k-1, so one position serves up to B-1 anchors' blocks: per row, the lm_head matmul
-        and the softmax ran B-1 times over; computing them once took a JetSpec bf16 step to 0.75x, README). Returns a lookup
+        and the softmax ran B-1 times over; computing them once took a JetSpec bf16 step to 0.75x, reports/block-drafters.md). Returns a lookup
         (sequence indices, positions) -> (p [n, Vd], sum p log p [n])."""
         s, t = batch.tokens.shape
         device = batch.tokens.device

@@ -60,7 +60,7 @@ class Eagle3Recipe(TrainRecipe):
     init_lm_head_from_target: bool = False  # measured worse here: initial soft CE ~16 nats against ~9 from default init
     batch_tokens: int = 1024  # small data: more, smaller steps (~33 steps per 20k-token epoch)
     # target-regenerated answers: measured at 200k tokens, tau +8% (geometric mean of 5 tasks) over the
-    # data sets' own answers (README, "Self-distillation, measured"; sweeps/eagle3_answers.toml)
+    # data sets' own answers (reports/eagle3.md, "Regenerated against original answers"; sweeps/eagle3_answers.toml)
     regenerate: bool = True
     # training arithmetic. fp32: everything. bf16: the head's forward (the TTT unroll and its lm_head)
     # under torch.autocast in bfloat16, with float32 weights, optimizer, norms, softmax and loss, as the

@@ -191,7 +191,7 @@ REGIMES = {
     # parameter set meets the DFlash (ddtree), JetSpec-paper and Spec-Bench EAGLE speedup/tau points,
     # which all say an eager step pays Python work per round and per drafter forward. A grid fit
     # (0.1 ms steps) minimising the squared tolerance-normalised errors of the consistent points;
-    # see README "Hardware projections" and tests/test_hardware.py.
+    # see reports/hardware.md ("Hardware notes") and tests/test_hardware.py.
     "hf-eager": Regime("hf-eager", 0.93 * MS, 0.63, 0.0, 0.6 * MS, 1.7 * MS, "plain transformers, eager PyTorch"),
 }
 

@@ -143,7 +143,7 @@ def evaluate(p: Point, profiles: dict[str, AnalyticProfile] | None = None) -> Re
     return Result(p, value)
 
 
-# The points no parameter set can meet together with the others (README "Hardware projections"):
+# The points no parameter set can meet together with the others (reports/hardware.md, "Hardware notes"):
 # each names the point(s) it contradicts under the speedup identity with the same drafter shape.
 CONFLICTS: dict[str, tuple[str, str]] = {
     "jetspec-bench-qwen3-8b-tree255": (
