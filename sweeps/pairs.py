@@ -9,7 +9,8 @@ heads' ``training.json`` cards and writes ``reports/NAME.md``, ``reports/figures
 reduced draft vocabulary against the full one (``block_vocab``: DFlash gamma 1; ``treeflash_vocab``;
 ``jetspec_vocab``), and more training epochs against fewer (``dflash_epochs``, ``treeflash_epochs``,
 ``jetspec_epochs``: 3 against 5; ``dflash_e7``, ``treeflash_e7``, ``jetspec_e7``: 5 against 7; ``dflash_e10``: 7
-against 10).
+against 10); and eight times the data (``jetspec_r1600k``: the 7-epoch 200k JetSpec head against 3 epochs on 1.6M
+tokens).
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ COMPARISONS = {c.name: c for c in (
     Comparison("jetspec_e7", settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), **_epoch_pair(_JETSPEC_8K, 5, 7),
                **_V8K_JETSPEC, **_EPOCHS),
     Comparison("dflash_e10", settings=(_DFLASH_MARGINAL16,), **_epoch_pair(_DFLASH_8K, 7, 10), **_V8K_DFLASH, **_EPOCHS),
+    Comparison(
+        "jetspec_r1600k",
+        heads=(("r200k", "200k tokens, 7 epochs (1,186 steps)", _ckpt("jetspec-smollm2-135m-r200k-g1-e7-v8k")),
+               ("r1600k", "1.6M tokens, 3 epochs (4,084 steps)", _ckpt("jetspec-smollm2-135m-r1600k-g1-v8k"))),
+        settings=(_JETSPEC_TREE16, _JETSPEC_TREE64), short=("200k", "1.6M"),
+        heading="Eight times the data against more epochs on the shared set", contrast="{a} against {b}",
+        title="JetSpec gamma 1, 8,192-id draft vocabulary",
+        intro="Both heads: every anchor of regenerated assistant tokens (the 1.6M-token set extends the shared 200k "
+              "one, as for the 1.6M EAGLE-3 head), gamma 1, bf16, `draft_vocab_size=8192`; the 200k head trained 7 "
+              "epochs, the 1.6M head 3."),
 )}
 
 

@@ -340,7 +340,7 @@ def _pairs_script():
 
 
 PAIRS = ["block_vocab", "treeflash_vocab", "jetspec_vocab", "dflash_epochs", "treeflash_epochs", "jetspec_epochs",
-         "dflash_e7", "treeflash_e7", "jetspec_e7", "dflash_e10"]
+         "dflash_e7", "treeflash_e7", "jetspec_e7", "dflash_e10", "jetspec_r1600k"]
 
 
 def test_every_pair_has_its_sweep_file_and_names_its_own_markers():
