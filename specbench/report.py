@@ -46,6 +46,7 @@ import io
 import json
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -1069,13 +1070,15 @@ class CompareView:
 
 
 def _records_view(df: pd.DataFrame, columns: list[_Column], keys: list[str], width: int, caption: str | None) -> list[RenderableType]:
-    """One record per row: the keys on one line, then ``header value`` pairs filled to ``width``."""
+    """One record per row: the keys (wrapped between words, continued four spaces in, below the
+    two-space indent of the values), then ``header value`` pairs filled to ``width``."""
     lines: list[RenderableType] = []
     for i in range(len(df)):
         head = " · ".join(c.cells[i] if c.name in _TEXT_COLUMNS else f"{' '.join(c.header.split())}={c.cells[i]}"
                           for c in columns if c.name in keys)
         pairs = [f"{' '.join(c.header.split())} {c.cells[i]}" for c in columns if c.name not in keys]
-        lines.append(Text(head))
+        lines += [Text(line) for line in textwrap.wrap(head, width, subsequent_indent="    ", break_long_words=False,
+                                                       break_on_hyphens=False)]
         current = ""
         for pair in pairs:  # fill lines with whole "header value" pairs
             if current and cell_len(f"  {current}  {pair}") > width:

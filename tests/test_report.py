@@ -570,6 +570,10 @@ def test_a_very_narrow_terminal_gets_one_record_per_row():
     assert heads[0] == "gsm8k · ar · default"
     first = text.split(heads[1])[0].split(heads[0])[1]  # the values of the first record
     assert "tau 1.00" in first and "decode speedup 1.00x" in first and "lossless yes" in first
+    # a head too long for the width goes on four spaces in, so it never reads as a record of its own
+    assert "gsm8k · eagle3 · depth=5, top_k=4,\n    total_tokens=16\n  prompts 10" in text
+    flush_left = [line for line in text.splitlines() if not line.startswith(" ")]
+    assert flush_left[:len(heads)] == heads and all(line.startswith(("P(acc>=d)", "d=1..")) for line in flush_left[len(heads):])
 
 
 def test_wide_and_chosen_columns():
