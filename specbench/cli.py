@@ -430,13 +430,8 @@ def sweep(
 
     plan = sweeps.select(sweeps.load_sweep(file, executor), only)
     if dry_run:
-        rows = sweeps.describe(plan)
-        table = Table(title=f"{plan.name}: {len(rows)} cells → {plan.results_dir} (executor {plan.executor})")
-        for col in rows[0]:
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(*row.values())
-        out_console.print(table)
+        for item in sweeps.describe_view(plan, out_console.width):
+            out_console.print(item, crop=False, highlight=False)
         return
     counts = {"done": 0, "skipped": 0, "failed": 0, "running": 0}
     results: list = []

@@ -1069,28 +1069,43 @@ class CompareView:
         return console.file.getvalue()
 
 
-def _records_view(df: pd.DataFrame, columns: list[_Column], keys: list[str], width: int, caption: str | None) -> list[RenderableType]:
-    """One record per row: the keys (wrapped between words, continued four spaces in, below the
-    two-space indent of the values), then ``header value`` pairs filled to ``width``."""
+def record_lines(heads: list[str], fields: list[list[str]], width: int, caption: str | None = None) -> list[RenderableType]:
+    """One record per row, for a terminal too narrow for a table: each head (wrapped between words,
+    continued four spaces in, below the two-space indent of the values), then its ``name value``
+    fields, whole ones filled to ``width`` (one longer than a line wraps between words, continued
+    four spaces in); the caption last."""
+    def wrap(text: str, first: str) -> list[Text]:
+        return [Text(line) for line in textwrap.wrap(text, width, initial_indent=first, subsequent_indent="    ",
+                                                     break_long_words=False, break_on_hyphens=False)]
+
     lines: list[RenderableType] = []
-    for i in range(len(df)):
-        head = " · ".join(c.cells[i] if c.name in _TEXT_COLUMNS else f"{' '.join(c.header.split())}={c.cells[i]}"
-                          for c in columns if c.name in keys)
-        pairs = [f"{' '.join(c.header.split())} {c.cells[i]}" for c in columns if c.name not in keys]
-        lines += [Text(line) for line in textwrap.wrap(head, width, subsequent_indent="    ", break_long_words=False,
-                                                       break_on_hyphens=False)]
+    for head, pairs in zip(heads, fields, strict=True):
+        lines += wrap(head, "")
         current = ""
-        for pair in pairs:  # fill lines with whole "header value" pairs
+        for pair in pairs:  # fill lines with whole "name value" pairs
             if current and cell_len(f"  {current}  {pair}") > width:
-                lines.append(Text(f"  {current}"))
+                lines += wrap(current, "  ")
                 current = pair
             else:
                 current = f"{current}  {pair}" if current else pair
         if current:
-            lines.append(Text(f"  {current}"))
+            lines += wrap(current, "  ")
     if caption:
         lines.append(Text(caption))
     return lines
+
+
+def fits(table: Table, width: int) -> bool:
+    """Whether rich can lay ``table`` out in ``width`` columns without cutting a word."""
+    return _measure(table).minimum <= width
+
+
+def _records_view(df: pd.DataFrame, columns: list[_Column], keys: list[str], width: int, caption: str | None) -> list[RenderableType]:
+    """One record per row: the keys on one line, then ``header value`` pairs (see :func:`record_lines`)."""
+    heads = [" · ".join(c.cells[i] if c.name in _TEXT_COLUMNS else f"{' '.join(c.header.split())}={c.cells[i]}"
+                        for c in columns if c.name in keys) for i in range(len(df))]
+    fields = [[f"{' '.join(c.header.split())} {c.cells[i]}" for c in columns if c.name not in keys] for i in range(len(df))]
+    return record_lines(heads, fields, width, caption)
 
 
 def compare_view(df: pd.DataFrame, width: int = 100, wide: bool = False, columns: list[str] | None = None) -> CompareView:

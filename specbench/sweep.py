@@ -51,7 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbench import runner
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from specbench import report, runner
 from specbench.results import baseline_path
 from specbench.errors import UserError
 
@@ -617,5 +621,27 @@ def describe(sweep: Sweep) -> list[dict[str, str]]:
     return rows
 
 
-__all__ = ["Cell", "CellResult", "Events", "Resources", "Sweep", "cell_state", "describe", "load_sweep",
+def describe_view(sweep: Sweep, width: int) -> list[RenderableType]:
+    """What `--dry-run` prints in a terminal ``width`` columns wide: a table of the cells, with the settings
+    every cell shares in a line under it instead of a column repeated down the page; where even that
+    table would cut words (long checkpoint paths in 80 columns), one record per cell."""
+    rows = describe(sweep)
+    title = f"{sweep.name}: {len(rows)} cells → {sweep.results_dir} (executor {sweep.executor})"
+    keys = ["#", "cell (file stem)", "state", "baseline"]
+    shared = [c for c in rows[0] if c not in keys and len(rows) > 1 and len({row[c] for row in rows}) == 1]
+    shown = [c for c in rows[0] if c not in shared]
+    note = ("every cell: " + " · ".join(f"{c} {rows[0][c]}" for c in shared)) if shared else None
+    table = Table(title=title, caption=note, caption_justify="left")
+    for column in shown:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(row[c] for c in shown))
+    if report.fits(table, width):
+        return [table]
+    heads = [f"#{row['#']} {row['cell (file stem)']} · {row['state']} · baseline: {row['baseline']}" for row in rows]
+    fields = [[f"{c} {row[c]}" for c in shown if c not in keys] for row in rows]
+    return [Text(title), *report.record_lines(heads, fields, width, note)]
+
+
+__all__ = ["Cell", "CellResult", "Events", "Resources", "Sweep", "cell_state", "describe", "describe_view", "load_sweep",
            "run_cell", "run_local", "run_ray", "run_sweep"]

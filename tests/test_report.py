@@ -576,6 +576,13 @@ def test_a_very_narrow_terminal_gets_one_record_per_row():
     assert flush_left[:len(heads)] == heads and all(line.startswith(("P(acc>=d)", "d=1..")) for line in flush_left[len(heads):])
 
 
+def test_a_record_field_longer_than_the_line_wraps_between_words():
+    lines = [line.plain for line in report.record_lines(
+        ["head"], [["tau 1.50", "options budget=16 path=drafters/checkpoints/some-long-head-name", "limit 10"]], 40)]
+    assert lines == ["head", "  tau 1.50", "  options budget=16", "    path=drafters/checkpoints/some-long-head-name",
+                     "  limit 10"]
+
+
 def test_wide_and_chosen_columns():
     out = compare(readme_like())
     wide = compare_view(out, 80, wide=True)

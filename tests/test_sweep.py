@@ -3,12 +3,15 @@ with the local executor, and the Ray executor giving the same tokens as the loca
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.cells import cell_len
+from rich.console import Console
 
 from specbench import report, runner, sweep
 from clirun import invoke, one_error_line
@@ -93,6 +96,37 @@ def test_grid_expands_in_baseline_groups(tmp_path, prompts):
 
     with pytest.raises(UserError, match="--only 'ng9' matches no cell.*--dry-run"):
         sweep.select(plan, ["ng9"])
+
+
+def test_dry_run_fits_the_terminal(tmp_path, prompts):
+    """--dry-run names the settings every cell shares once, under the table; a terminal too narrow for
+    the table gets one record per cell, every line within its width."""
+    plan = sweep.load_sweep(write(tmp_path, f"""
+results_dir = "{tmp_path / 'res'}"
+targets = ["tiny-llama"]
+tasks = [{{file = "{prompts}", label = "two", limit = 1}}, "humaneval"]
+max_new_tokens = 5
+[[drafters]]
+drafter = "ngram"
+set = {{num_draft = [2, 4]}}
+"""))
+
+    def printed(width: int) -> list[str]:
+        console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+        for item in sweep.describe_view(plan, width):
+            console.print(item, crop=False)
+        return console.file.getvalue().splitlines()
+
+    wide = printed(200)
+    header = next(line for line in wide if "cell (file stem)" in line).split("┃")
+    assert [h.strip() for h in header if h.strip()] == ["#", "cell (file stem)", "options", "limit", "state", "baseline"]
+    assert wide[-1].rstrip() == "every cell: drafter ngram · T 0 · seed 0 · max new 5"
+    narrow = printed(60)
+    assert max(cell_len(line) for line in narrow) <= 60 and not any("┃" in line for line in narrow)
+    heads = [line for line in narrow if line.startswith("#")]
+    assert heads[0] == "#1 tiny-llama_two_ngram-num_draft=2_T0_s0 · new · baseline:" and len(heads) == 4
+    assert narrow[narrow.index(heads[0]):narrow.index(heads[1])] == [heads[0], "    runs AR", "  options num_draft=2  limit 1"]
+    assert narrow[-1] == "every cell: drafter ngram · T 0 · seed 0 · max new 5"
 
 
 @pytest.mark.parametrize("body, words", [
