@@ -368,7 +368,7 @@ def targets() -> None:
 
     table = Table(title="built-in targets (any local HF model directory works too)")
     for col in ("alias", "model", "download", "cached"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a path too long for the column folds, never cut to "…"
     for name, info in ALIASES.items():
         label = name + (" (default)" if name == DEFAULT_TARGET else "")
         table.add_row(label, info.description, f"{info.download_mb} MB",

@@ -453,11 +453,13 @@ def test_list_tasks():
         assert name in result.stdout
 
 
-def test_list_targets():
+def test_list_targets(monkeypatch):
+    monkeypatch.setattr(cli.out_console, "_width", 80)
     result = invoke("targets")
     assert result.exit_code == 0, result.output
     for name in ("smollm2-135m", "tiny-llama", "tiny-qwen3", "(default)"):
         assert name in result.stdout
+    assert "…" not in result.stdout  # a long model name or cache path folds in a narrow terminal, never cut
 
 
 def test_run_help():
