@@ -118,7 +118,7 @@ def run(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"),
     device_map: Optional[str] = typer.Option(None, "--device-map", help="spread the target over the GPUs with accelerate: auto, balanced, sequential"),
-    out: Optional[Path] = typer.Option(None, "--out", help="results file (default results/<run-id>.parquet)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="results file (default: <run-id>.parquet in --results-dir)"),
     results_dir: Path = typer.Option(Path("results"), "--results-dir", help="where runs go and baselines are looked up"),
     resume: bool = typer.Option(False, "--resume", help="continue the interrupted run in --out"),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="pair with the AR baseline (run or reused)"),
@@ -621,7 +621,7 @@ def bench(
 
 # ---------------------------------------------------------------------------- hardware profiles
 
-hardware_app = typer.Typer(help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",
+hardware_app = typer.Typer(cls=_Group, help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",
                            invoke_without_command=True, no_args_is_help=False)
 app.add_typer(hardware_app, name="hardware")
 

@@ -470,11 +470,26 @@ def test_run_help():
         assert name in result.stdout, name
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["compare"], ["train"]])
-def test_help_shows_no_bool_metavar(command):
-    result = invoke(*command, "--help")
+COMMANDS = ["run", "compare", "plot", "train", "train-sets", "targets", "tasks", "drafters", "sweep", "tune", "bench",
+            "profile", "export", "report"]
+HARDWARE = ["latency", "calibrate", "overhead"]  # `specbench hardware ...`
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS), ["hardware"], *(["hardware", c] for c in HARDWARE)])
+def test_help_fits_80_columns_and_shows_no_bool_metavar(command):
+    result = CliRunner().invoke(cli.app, [*command, "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "--help" in result.stdout and "<bool>" not in result.stdout
+    assert "…" not in result.stdout and max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_every_command_is_in_the_help_test():
+    def names(app) -> list[str]:
+        return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+    assert names(cli.app) == sorted(COMMANDS)
+    assert [g.name for g in cli.app.registered_groups] == ["hardware"]
+    assert names(cli.app.registered_groups[0].typer_instance) == sorted(HARDWARE)
 
 
 def test_no_args_shows_commands():
