@@ -14,6 +14,9 @@ Cache layout (``$SPECBENCH_CACHE`` or ``~/.cache/specbench``)::
     gguf/<alias>.gguf                          only with SPECBENCH_KEEP_GGUF=1 (reused next time)
     locks/<alias>.lock                         one conversion at a time per alias
     work/<alias>-XXXX/                         scratch space of a running fetch, removed afterwards
+
+Other parts of specbench keep their own folders in the same cache (``datasets/``, ``regen/`` and ``features/`` for training,
+``replay/``, ``hardware/`` for measured profiles unless ``$SPECBENCH_HARDWARE_DIR`` is set).
 """
 
 from __future__ import annotations

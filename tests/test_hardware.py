@@ -274,6 +274,14 @@ def _measured(name="cpu-test", target="tiny-llama") -> profiles.MeasuredProfile:
                                     fingerprint={"device": "cpu"}, created="2025-01-01T00:00:00")
 
 
+def test_measured_profiles_live_in_the_cache_unless_told_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv(profiles.ENV_DIR)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    assert profiles.profile_dir() == tmp_path / "cache" / "hardware"  # with the models, features and replays
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path / "elsewhere"))
+    assert profiles.profile_dir() == tmp_path / "elsewhere"
+
+
 def test_measured_profile_roundtrip_and_interpolation():
     path = profiles.save_measured(_measured())
     assert path.parent == profiles.profile_dir() and path.is_file()

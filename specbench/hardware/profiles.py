@@ -1,7 +1,7 @@
 """Measured hardware profiles (``specbench profile`` writes them) and the lookup of any profile by name.
 
 A measured profile is one JSON file in the profile folder (``$SPECBENCH_HARDWARE_DIR``, default
-``~/.cache/specbench/hardware/``)::
+``hardware/`` in the cache, ``$SPECBENCH_CACHE`` or ``~/.cache/specbench``)::
 
     {"name": ..., "kind": "measured", "schema": 1, "created": ISO time,
      "target": "tiny-llama", "target_config": {HF config dict}, "mode": "eager",
@@ -35,7 +35,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,80}$")
 
 
 def profile_dir() -> Path:
-    return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "specbench" / "hardware").expanduser()
+    """``$SPECBENCH_HARDWARE_DIR`` if set, else ``hardware/`` in the cache every other artefact uses."""
+    from specbench.fetch import cache_root
+
+    return Path(os.environ[ENV_DIR]).expanduser() if os.environ.get(ENV_DIR) else cache_root() / "hardware"
 
 
 def check_name(name: str) -> str:
