@@ -433,6 +433,15 @@ def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path
 TIMED_FIGURES = ("speedup", "time_breakdown")
 SHARED_CPU_SUBTITLE = " · TIMED ON A SHARED CPU: speedups and times unreliable"
 
+
+
+def subtitle(rows: pd.DataFrame, kind: str) -> str:
+    """The subtitle of a (target, task) figure of ``kind``: its :func:`caption`, plus the shared-CPU warning on
+    the timed kinds when a run behind ``rows`` shared the CPU."""
+    shared = kind in TIMED_FIGURES and report.shared_cpu_note(rows) is not None
+    return caption(rows) + (SHARED_CPU_SUBTITLE if shared else "")
+
+
 FIGURES = (
     ("acceptance", plot_acceptance),
     ("accepted_hist", plot_accepted_hist),
@@ -465,11 +474,8 @@ def make_figures(df: pd.DataFrame, out_dir: Path | str, allow_mixed: bool = Fals
             stem, k = f"{base}-{k}", k + 1
         used.add(stem)
         series = series_of(group)
-        subtitle = caption(group)
-        shared = report.shared_cpu_note(group) is not None
         for kind, draw in FIGURES:
-            note = SHARED_CPU_SUBTITLE if shared and kind in TIMED_FIGURES else ""
-            written.append(draw(series, subtitle + note, out_dir / f"{kind}_{stem}.png"))
+            written.append(draw(series, subtitle(group, kind), out_dir / f"{kind}_{stem}.png"))
     return written
 
 
@@ -484,5 +490,6 @@ __all__ = [
     "sanitize",
     "series_of",
     "speedup_bars",
+    "subtitle",
     "time_breakdown",
 ]

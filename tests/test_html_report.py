@@ -202,3 +202,44 @@ def test_report_checks_lossless_against_another_machine(tmp_path):
     shown = [row[c] for c in ("decode_speedup_sum", "decode_speedup_mean", "e2e_speedup_sum", "e2e_speedup_mean",
                               "lossless", "divergence")]
     assert shown == ["-", "-", "-", "-", "yes", "-"], row  # four speedups, lossless, divergence
+
+
+def test_report_warns_when_a_run_shared_the_cpu(tmp_path, monkeypatch):
+    """An AR baseline timed beside another process: the page says so under its title; the figures drawn from
+    timings carry it (per-task subtitles, the per-target speedup title); the tau and acceptance ones do not."""
+    from specbench import plots
+
+    paths = []
+    for drafter, accepted, load in (("ar", [0] * 12, 9.0), ("ngram", [1, 0, 2, 1, 0, 2], 0.5)):
+        out = tmp_path / "in" / f"{drafter}.parquet"
+        out.parent.mkdir(exist_ok=True)
+        writer = results.RunWriter(out, resume=False)
+        for i in range(3):
+            writer.add([synthetic_row(f"p{i}", 0, accepted, run_id=out.stem, drafter=drafter, task="alpha",
+                                      load_1min=load, output_ids=list(range(12)), n_new_tokens=12)])
+        writer.finish()
+        paths.append(str(out))
+    titles: dict[str, str] = {}
+    subtitles: dict[str, str] = {}
+    finish = report_figures._finish
+
+    def record_title(fig, title):
+        titles[title.split(" — ")[0]] = title
+        return finish(fig, title)
+
+    def recorder(kind, draw):
+        def recorded(series, subtitle, path):
+            subtitles[kind] = subtitle
+            return draw(series, subtitle, path)
+        return recorded
+
+    monkeypatch.setattr(report_figures, "_finish", record_title)
+    monkeypatch.setattr(plots, "FIGURES", tuple((kind, recorder(kind, draw)) for kind, draw in plots.FIGURES))
+    result = CliRunner().invoke(cli.app, ["report", *paths, "--out", str(tmp_path / "page")])
+    assert result.exit_code == 0, result.output
+    intro = (tmp_path / "page" / "report.md").read_text().splitlines()[2]
+    assert "Warning: 1 of 2 runs were timed while other processes shared the CPU: ar on alpha (load 9.0, 4 threads)" in intro
+    warning = plots.SHARED_CPU_SUBTITLE.removeprefix(" · ")
+    assert {kind: warning in s for kind, s in subtitles.items()} == {
+        "acceptance": False, "accepted_hist": False, "speedup": True, "time_breakdown": True}
+    assert warning in titles["Decode speedup per task"] and warning not in titles["τ per task"]

@@ -47,6 +47,11 @@ def _finish(fig: MplFigure, title: str) -> MplFigure:
     return fig
 
 
+def _shared(df: pd.DataFrame) -> str:
+    """A second title line for a figure with speedups, when a run behind it shared the CPU."""
+    return "\n" + plots.SHARED_CPU_SUBTITLE.removeprefix(" · ") if report.shared_cpu_note(df) is not None else ""
+
+
 def _config(config: str) -> dict:
     try:
         parsed = json.loads(config)
@@ -191,7 +196,7 @@ def tau_and_speedup_by_task(target: str, df: pd.DataFrame, stem: str) -> list[Fi
     out.append(Figure(f"speedup_by_task_{stem}", f"Decode speedup per task — {target}",
                       "Measured decode speedup (prefill excluded, ratio of summed throughput) over the AR baseline on the "
                       "same prompts and machine; settings without a paired AR row are left out.",
-                      _finish(fig, f"Decode speedup per task — {target}")))
+                      _finish(fig, f"Decode speedup per task — {target}" + _shared(df))))
     return out
 
 
@@ -240,7 +245,7 @@ def budget_curves(target: str, df: pd.DataFrame, stem: str) -> list[Figure]:
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return [Figure(f"budget_{stem}", f"τ and speedup against the budget — {target}",
                    "τ and decode speedup of every drafter whose settings differ in one numeric option (its node budget, "
-                   "depth or draft length), one line per task.", _finish(fig, f"τ and speedup against the budget — {target}"))]
+                   "depth or draft length), one line per task.", _finish(fig, f"τ and speedup against the budget — {target}" + _shared(df)))]
 
 
 def learning_curves(target: str, df: pd.DataFrame, stem: str) -> list[Figure]:

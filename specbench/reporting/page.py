@@ -146,7 +146,7 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
             for kind, draw in plots.FIGURES:
                 name = f"{kind}_{task_stem}"
                 for suffix in ("png", "pdf"):
-                    written.append(draw(series, plots.caption(rows), fig_dir / f"{name}.{suffix}"))
+                    written.append(draw(series, plots.subtitle(rows, kind), fig_dir / f"{name}.{suffix}"))
                 title_text, caption_text = _TASK_FIGURES.get(kind, (kind, ""))
                 sub.figures.append((None, name, f"{title_text} — {target} · {task}", caption_text))
             sections.append(sub)
@@ -159,6 +159,8 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
     note = report.cross_machine_note(compare)
     if note:
         intro += f" Note: {note[0].upper()}{note[1:]}."
+    if (shared := report.shared_cpu_note(df)) is not None:
+        intro += f" Warning: {shared}"
 
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(_markdown(title, intro, files, compare_md, sections, env), encoding="utf-8")
