@@ -177,18 +177,25 @@ def test_every_figure_renders_non_blank_in_headless_chromium(report_dir, tmp_pat
         assert p["std"] > 10 and p["ink"] > 0.002, p  # not a blank canvas
 
 
-def test_report_checks_lossless_against_another_machine(tmp_path):
-    """With the AR baseline from another machine the page leaves speedups out but still checks the outputs."""
+def two_runs(folder: Path, ar: dict, ngram: dict) -> list[str]:
+    """An AR run and an ngram run, three prompts each on task alpha, with the same outputs; ``ar`` and
+    ``ngram`` override fields of their rows. Returns the two files."""
+    folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for drafter, accepted, machine in (("ar", [0] * 12, "Other CPU"), ("ngram", [1, 0, 2, 1, 0, 2], "Test CPU")):
-        out = tmp_path / "in" / f"{drafter}.parquet"
-        out.parent.mkdir(exist_ok=True)
+    for drafter, accepted, fields in (("ar", [0] * 12, ar), ("ngram", [1, 0, 2, 1, 0, 2], ngram)):
+        out = folder / f"{drafter}.parquet"
         writer = results.RunWriter(out, resume=False)
         for i in range(3):
             writer.add([synthetic_row(f"p{i}", 0, accepted, run_id=out.stem, drafter=drafter, task="alpha",
-                                      device_name=machine, output_ids=list(range(12)), n_new_tokens=12)])
+                                      output_ids=list(range(12)), n_new_tokens=12, **fields)])
         writer.finish()
         paths.append(str(out))
+    return paths
+
+
+def test_report_checks_lossless_against_another_machine(tmp_path):
+    """With the AR baseline from another machine the page leaves speedups out but still checks the outputs."""
+    paths = two_runs(tmp_path / "in", ar={"device_name": "Other CPU"}, ngram={"device_name": "Test CPU"})
     refused = CliRunner().invoke(cli.app, ["report", *paths, "--out", str(tmp_path / "no")])
     assert refused.exit_code == 2 and "mix hardware" in refused.stderr
     result = CliRunner().invoke(cli.app, ["report", *paths, "--out", str(tmp_path / "page"), "--lossless-across-machines"])
@@ -209,16 +216,7 @@ def test_report_warns_when_a_run_shared_the_cpu(tmp_path, monkeypatch):
     timings carry it (per-task subtitles, the per-target speedup title); the tau and acceptance ones do not."""
     from specbench import plots
 
-    paths = []
-    for drafter, accepted, load in (("ar", [0] * 12, 9.0), ("ngram", [1, 0, 2, 1, 0, 2], 0.5)):
-        out = tmp_path / "in" / f"{drafter}.parquet"
-        out.parent.mkdir(exist_ok=True)
-        writer = results.RunWriter(out, resume=False)
-        for i in range(3):
-            writer.add([synthetic_row(f"p{i}", 0, accepted, run_id=out.stem, drafter=drafter, task="alpha",
-                                      load_1min=load, output_ids=list(range(12)), n_new_tokens=12)])
-        writer.finish()
-        paths.append(str(out))
+    paths = two_runs(tmp_path / "in", ar={"load_1min": 9.0}, ngram={"load_1min": 0.5})
     titles: dict[str, str] = {}
     subtitles: dict[str, str] = {}
     finish = report_figures._finish
