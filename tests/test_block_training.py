@@ -9,6 +9,8 @@ set, the root-sensitivity probe, and the reduced draft vocabulary variant.
 * the context alignment: a head fitted on a pattern only context row a-1 (the state just before
   the root) predicts learns it, one that sees a row too few does not; scripts/block-heldout-probe's
   context restriction is the model's forward with a narrower mask;
+* training against decoding: on a greedy decode, every chain the drafter proposes is the training
+  forward's argmax at that step's root (a position off by one fails it);
 * the reduced vocabulary: the most frequent training tokens, saved and loaded with d2t/t2d,
   refused without them, drafts inside it and lossless; the full-vocabulary head stays the default.
 """
@@ -349,6 +351,44 @@ def test_heads_read_the_context_row_just_before_the_root(target):
         acc[name] = metrics["acc_0"][0] / metrics["acc_0"][1]
     assert acc["aligned"] > 0.5, acc
     assert acc["stale"] < 0.25, acc
+
+
+@pytest.mark.parametrize("cls, drafter_cls, options", [
+    (DFlashTraining, DFlashDrafter, ("tree=chain",)),
+    (JetSpecTraining, JetSpecDrafter, ("width=1",)),  # a one-wide cumulative-log-prob tree is a chain
+])
+def test_decoding_drafts_what_the_training_forward_predicts(target, cls, drafter_cls, options):
+    """End to end on one greedy decode: at every step, the chain the drafter proposes (from the harness's
+    prefill and verify features, its positions and its context cache) is, depth by depth, the argmax of the
+    training forward at that step's root over the finished sequence: what held-out accuracy scores is what
+    decoding drafts (reports/block-drafters.md, "Training against decoding", checks the same on real heads)."""
+    drafter = drafter_cls(target, parse_config(drafter_cls.Config, ["path=random", "seed=3", "block_size=6", "budget=6",
+                                                                    *options]))
+    tr = trainable(target, cls)
+    tr.module.load_state_dict(drafter.model.state_dict())
+    live: list[tuple[int, list[int]]] = []  # (the root's position, the drafted chain)
+    propose = drafter.propose
+
+    def recording(ctx):
+        tree = propose(ctx)
+        assert tree.is_chain
+        live.append((ctx.pos, tree.tokens[1:].tolist()))
+        return tree
+
+    drafter.propose = recording
+    prompt = torch.arange(7, 19)
+    out = generate(target, drafter, prompt, 40, Sampling())
+    seq = torch.cat([prompt, torch.tensor(out.output_ids)])[None]
+    mask = torch.ones_like(seq, dtype=torch.bool)
+    batch = features_batch(target, seq, mask, tr.cache_layers)
+    anchors = torch.tensor([[pos for pos, _ in live]])
+    assert len(live) >= 10 and int(anchors.max()) < seq.shape[1]
+    with torch.no_grad():
+        hidden = tr.block_hidden(tr.context_kv(batch), anchors, seq.gather(1, anchors))  # [1, A, B, H]
+        predicted = tr.score(hidden[0, :, 1:]).argmax(-1)  # [A, B-1]
+    for (pos, chain), row in zip(live, predicted.tolist()):
+        assert chain == row[:len(chain)], f"root at {pos}: drafted {chain}, the training forward predicts {row}"
+    assert {len(chain) for _, chain in live} == {5}
 
 
 # --------------------------------------------------------------------------- the reduced draft vocabulary
