@@ -3,8 +3,8 @@
 Rich draws nothing while a bar runs when its console is not a terminal, so a training run started with
 ``nohup ... > train.log`` showed no progress for hours. :class:`LoggedProgress` is rich's
 :class:`~rich.progress.Progress` that, when its console is not a terminal, also prints one plain line
-per task at its first update, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves,
-and when it completes. Nothing is printed when a task is added, so a user error raised before the first
+per task at its first update, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves
+(with the time left, as the bar's own estimate has it, once there is one), and when it completes. Nothing is printed when a task is added, so a user error raised before the first
 update (a bad target, --compile on a CPU) stays the one line on stderr.
 """
 
@@ -24,6 +24,13 @@ def _plain(markup: str) -> str:
         return Text.from_markup(markup).plain
     except MarkupError:
         return markup
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min`` or ``3.4 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 class LoggedProgress(Progress):
@@ -59,9 +66,11 @@ class LoggedProgress(Progress):
                 self._completed_logged.add(task_id)
             else:
                 self._completed_logged.discard(task_id)
+            left = None if complete else task.time_remaining  # rich's estimate, as the terminal bar shows it
             parts = [f"{task.completed:,.0f}/{task.total:,.0f}" if task.total is not None
                      else f"{task.completed:,.0f}" if task.completed else "",
-                     _plain(str(task.fields.get("label", ""))), f"{task.elapsed or 0.0:,.0f} s"]
+                     _plain(str(task.fields.get("label", ""))), f"{task.elapsed or 0.0:,.0f} s",
+                     "" if left is None else f"about {_duration(left)} left"]
             line = f"{_plain(task.description)}: {' · '.join(p for p in parts if p)}"
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 

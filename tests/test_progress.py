@@ -9,22 +9,22 @@ from specbench import progress as progress_mod
 from specbench.progress import LoggedProgress
 
 
-def _bar(terminal: bool):
-    sink = io.StringIO()
-    console = Console(file=sink, force_terminal=terminal, width=200)
-    return LoggedProgress(console=console), sink
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    """The progress module's clock, advanced by hand (seconds)."""
+    """The progress module's clock (and the bar's, for its speed), advanced by hand (seconds)."""
     now = [1000.0]
     monkeypatch.setattr(progress_mod, "_now", lambda: now[0])
     return now
 
 
+def _bar(terminal: bool, clock: list[float]):
+    sink = io.StringIO()
+    console = Console(file=sink, force_terminal=terminal, width=200)
+    return LoggedProgress(console=console, get_time=lambda: clock[0]), sink
+
+
 def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_end(clock):
-    bar, sink = _bar(False)
+    bar, sink = _bar(False, clock)
     with bar:
         task = bar.add_task("train", total=500, label="")
         for step in range(1, 501):
@@ -39,12 +39,15 @@ def test_a_log_file_gets_a_line_at_the_first_update_every_interval_and_at_the_en
     progress_lines = [line for line in lines if line.startswith("train:")]
     assert 9 <= len(progress_lines) <= 11  # the start, every 60 s over 500 s, the end
     assert progress_lines[-1].startswith("train: 500/500 · step 500 · ok · ")
+    # one step a second: the time left is the steps left, in seconds or minutes; none once complete
+    assert progress_lines[1] == "train: 61/500 · step 61 · ok · 61 s · about 7 min left", progress_lines[1]
+    assert progress_lines[-2].endswith(" s left") and "left" not in progress_lines[-1]
     assert "[green]" not in sink.getvalue()  # markup is rendered to plain text, not printed raw
     assert any(line.startswith("cell: loading") for line in lines) and any(line.startswith("next cell: ") for line in lines)
 
 
 def test_a_terminal_gets_the_bar_and_no_extra_lines(clock):
-    bar, sink = _bar(True)
+    bar, sink = _bar(True, clock)
     with bar:
         task = bar.add_task("train", total=3, label="")
         for step in (1, 2, 3):
