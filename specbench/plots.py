@@ -434,7 +434,6 @@ TIMED_FIGURES = ("speedup", "time_breakdown")
 SHARED_CPU_SUBTITLE = " · TIMED ON A SHARED CPU: speedups and times unreliable"
 
 
-
 def subtitle(rows: pd.DataFrame, kind: str) -> str:
     """The subtitle of a (target, task) figure of ``kind``: its :func:`caption`, plus the shared-CPU warning on
     the timed kinds when a run behind ``rows`` shared the CPU."""

@@ -4,8 +4,9 @@ Rich draws nothing while a bar runs when its console is not a terminal, so a tra
 ``nohup ... > train.log`` showed no progress for hours. :class:`LoggedProgress` is rich's
 :class:`~rich.progress.Progress` that, when its console is not a terminal, also prints one plain line
 per task at its first update, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves
-(with the time left, as the bar's own estimate has it, once there is one), and when it completes. Nothing is printed when a task is added, so a user error raised before the first
-update (a bad target, --compile on a CPU) stays the one line on stderr.
+(with the time left, as the bar's own estimate has it, once there is one), and when it completes.
+Nothing is printed when a task is added, so a user error raised before the first update (a bad target,
+--compile on a CPU) stays the one line on stderr.
 """
 
 from __future__ import annotations
