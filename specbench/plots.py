@@ -32,6 +32,7 @@ from specbench import report
 from specbench.errors import UserError
 
 DPI = 150
+MAX_WIDTH_IN = 19.0  # the widest figure (2,850 px at DPI)
 SERIES_KEYS = ["drafter", "drafter_config", *report.SETTING_COLUMNS]
 
 # Short names for run settings that vary inside one figure (they go into the series labels).
@@ -131,7 +132,7 @@ def series_of(df: pd.DataFrame) -> list[Series]:
         parts += [f"{_SETTING_LABELS[c]}={_value_text(fields[c])}" for c in varying]
         label = fields["drafter"] + (f" ({', '.join(parts)})" if parts else "")
         groups.append((fields["drafter"] != report.BASELINE_DRAFTER, fields["drafter"], label, fields, group))
-    groups.sort(key=lambda g: (g[0], g[1], g[2]))
+    groups.sort(key=lambda g: (g[0], g[1], report._natural_key(g[2])))  # num_draft=2 before 10, as compare orders
 
     out: list[Series] = []
     seen: dict[str, int] = {}
@@ -357,7 +358,12 @@ def interval_whiskers(ax, x, values, lo, hi, capsize: float, linewidth: float, l
 def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
     bars, omitted = speedup_bars(series)
     n = len(bars)
-    fig, axes = _figure(max(8.0, 2.0 + 1.6 * n), 4.6, ncols=2 if n else 1)
+    labels = [_tick_label(lab) for lab in bars["label"]]
+    # each bar as wide as its longest tick line at 8 pt (about 0.075 in a character), in each of the two panels
+    longest = max((len(line) for lab in labels for line in lab.splitlines()), default=0)
+    wanted = 2.0 + 2 * n * max(0.8, 0.075 * longest + 0.15)
+    fig, axes = _figure(min(MAX_WIDTH_IN, max(8.0, wanted)), 4.6, ncols=2 if n else 1)
+    slanted = wanted > MAX_WIDTH_IN  # too many bars to fit side by side: the ticks slant instead
     colors = {s.label: s.color for s in series}
     if omitted:
         subtitle += " · no paired AR baseline, left out: " + ", ".join(omitted)
@@ -365,7 +371,6 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
         low, high = int(bars["n_paired"].min()), int(bars["n_paired"].max())
         subtitle += f" · {low if low == high else f'{low}–{high}'} rows paired with AR"
         x = np.arange(n)
-        labels = [_tick_label(lab) for lab in bars["label"]]
         color = [colors[lab] for lab in bars["label"]]
         panels = (
             ("decode_speedup_sum", "Decode speedup vs AR", "decode speedup (×, ratio of sums)",
@@ -389,11 +394,13 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
             top = max([1.0, *finite]) if finite.size else 1.0
             ax.set_ylim(0, top * 1.18)
             ax.set_xticks(x)
-            ax.set_xticklabels(labels, fontsize=8)
+            ax.set_xticklabels(labels, fontsize=8, rotation=30 if slanted else 0, ha="right" if slanted else "center")
             ax.set_xlim(-0.7, n - 0.3)
-            ax.set_title(title, fontsize=10)
+            ax.set_title(title, fontsize=10, pad=20)
             ax.set_ylabel(ylabel)
-            ax.legend(fontsize=8, loc="upper left", frameon=False)
+            # one row between the title and the bars, where no value label can be
+            ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False,
+                      borderaxespad=0.2)
     else:
         _empty(axes[0], "no drafter has a paired AR baseline")
     return _save(fig, "Speedup and acceptance length", subtitle, path)

@@ -95,6 +95,12 @@ def test_series_labels_name_the_differing_options_and_settings():
     assert len({s.color for s in series}) == 4
 
 
+def test_series_order_numbers_by_value_as_compare_does():
+    rows = [result_row("p0", "ngram", [1], drafter_config=json.dumps({"num_draft": n})) for n in (10, 2, 1)]
+    labels = [s.label for s in plots.series_of(frame(rows))]
+    assert labels == ["ngram (num_draft=1)", "ngram (num_draft=2)", "ngram (num_draft=10)"]
+
+
 def test_single_config_label_is_the_drafter_name():
     rows = [r for r in sample_rows() if r["drafter"] in ("ar", "eagle3")]
     rows = [dict(r, seed=0) for r in rows]
@@ -282,3 +288,30 @@ def test_figures_pair_each_run_with_its_own_baseline_whatever_the_file_order():
         by_task = figures.per_task(series).set_index("label")["decode_speedup"]
         assert by_task["ngram (num_draft=3)"] == pytest.approx(1.0 / 0.5)
         assert by_task["ngram (num_draft=5)"] == pytest.approx(2.0 / 0.8)
+
+
+def test_speedup_figure_legends_cover_no_value_label(tmp_path, monkeypatch):
+    """Each panel's legend sits clear of every bar's value label, also when the leftmost bar is the tallest
+    (the legend's corner) and another bar stands at the AR line (tau 1.00); neighbouring tick labels do not
+    overlap either."""
+    drawn = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, *a: (drawn.append(fig), save(fig, *a))[1])
+    rows = []
+    for i, accepted in enumerate(([4, 4, 4, 3], [0, 0, 0, 0], [1, 0, 2, 0], [2, 1, 1, 3])):
+        config = json.dumps({"num_draft": i + 1}, sort_keys=True)
+        rows += [result_row(p, "ngram", accepted, drafter_config=config, decode_s=0.5 + 0.1 * i) for p in ("p0", "p1")]
+    rows += [ar_row("p0", 8), ar_row("p1", 8)]
+    plots.plot_speedup(plots.series_of(frame(rows)), "subtitle", tmp_path / "speedup.png")
+    (fig,) = drawn
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        labels = [t for t in ax.texts if t.get_text()]
+        assert len(labels) == 4
+        for text in labels:
+            assert not legend.overlaps(text.get_window_extent(renderer)), (ax.get_title(), text.get_text())
+        ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+        assert len(ticks) == 4
+        for left, right in zip(ticks, ticks[1:]):
+            assert left.x1 < right.x0, "neighbouring tick labels overlap"
