@@ -289,7 +289,11 @@ def train(
         budget_tokens=budget_tokens, heldout_tokens=heldout_tokens, regenerate=regenerate, options=tuple(options),
         out=out, device=device,
     )
-    pipeline.validate(job)
+    _, recipe = pipeline.validate(job)
+    from drafters.common.precision import slow_bf16_note
+
+    if (note := slow_bf16_note(getattr(recipe, "precision", "fp32"), device)) is not None:
+        err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     import datasets
 
     from specbench import distributed
