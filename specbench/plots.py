@@ -83,7 +83,10 @@ def _value_text(value: Any, limit: int = 24) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 5  # both ends: checkpoint names differ at the end (...-e5-v8k against ...-e7-v8k)
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
 
 
 def _parse_config(config: str) -> dict[str, Any]:
@@ -128,7 +131,8 @@ def series_of(df: pd.DataFrame) -> list[Series]:
             once.append("run_id")  # every run's baseline: a drafting run pairs with its own (report.pair_with_baseline)
         group = group.drop_duplicates(once, keep="first").reset_index(drop=True)
         options = _parse_config(str(fields["drafter_config"]))
-        parts = [f"{k}={_value_text(options.get(k, '-'))}" for k in differing[fields["drafter"]]]
+        # an option as compare writes it (a path by its last part), shortened in the middle past 24 characters
+        parts = [f"{k}={_value_text(report._option_text(options.get(k, '-')))}" for k in differing[fields["drafter"]]]
         parts += [f"{_SETTING_LABELS[c]}={_value_text(fields[c])}" for c in varying]
         label = fields["drafter"] + (f" ({', '.join(parts)})" if parts else "")
         groups.append((fields["drafter"] != report.BASELINE_DRAFTER, fields["drafter"], label, fields, group))
@@ -270,11 +274,29 @@ def _save(fig: Figure, title: str, subtitle: str, path: Path) -> Path:
              color="0.3", linespacing=1.3)
     header = 0.55 + 0.16 * len(lines)
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
+    if _slant_crowded_ticks(fig):
+        fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     try:
         fig.savefig(path, dpi=DPI, format=Path(path).suffix.lstrip(".").lower() or "png", facecolor="white")
     except OSError as e:
         raise UserError(f"cannot write {path} ({e.strerror or e}); choose another --out-dir") from None
     return path
+
+
+def _slant_crowded_ticks(fig: Figure) -> bool:
+    """Slant the x tick labels of every axis where two neighbours overlap as drawn; whether any did."""
+    renderer = fig.canvas.get_renderer()
+    slanted = False
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+        if any(left.x1 > right.x0 for left, right in zip(boxes, boxes[1:])):
+            for t in labels:
+                t.set_rotation(30)
+                t.set_horizontalalignment("right")
+                t.set_rotation_mode("anchor")
+            slanted = True
+    return slanted
 
 
 def _wrap_fields(text: str, width: int) -> list[str]:
@@ -359,11 +381,10 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
     bars, omitted = speedup_bars(series)
     n = len(bars)
     labels = [_tick_label(lab) for lab in bars["label"]]
-    # each bar as wide as its longest tick line at 8 pt (about 0.075 in a character), in each of the two panels
+    # each bar as wide as its longest tick line at 8 pt (about 0.065 in a character), in each of the two panels
     longest = max((len(line) for lab in labels for line in lab.splitlines()), default=0)
-    wanted = 2.0 + 2 * n * max(0.8, 0.075 * longest + 0.15)
-    fig, axes = _figure(min(MAX_WIDTH_IN, max(8.0, wanted)), 4.6, ncols=2 if n else 1)
-    slanted = wanted > MAX_WIDTH_IN  # too many bars to fit side by side: the ticks slant instead
+    wanted = 2.0 + 2 * n * max(0.8, 0.065 * longest + 0.15)
+    fig, axes = _figure(min(MAX_WIDTH_IN, max(8.0, wanted)), 4.6, ncols=2 if n else 1)  # past it, _save slants them
     colors = {s.label: s.color for s in series}
     if omitted:
         subtitle += " · no paired AR baseline, left out: " + ", ".join(omitted)
@@ -394,7 +415,7 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
             top = max([1.0, *finite]) if finite.size else 1.0
             ax.set_ylim(0, top * 1.18)
             ax.set_xticks(x)
-            ax.set_xticklabels(labels, fontsize=8, rotation=30 if slanted else 0, ha="right" if slanted else "center")
+            ax.set_xticklabels(labels, fontsize=8)
             ax.set_xlim(-0.7, n - 0.3)
             ax.set_title(title, fontsize=10, pad=20)
             ax.set_ylabel(ylabel)

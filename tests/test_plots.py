@@ -101,6 +101,16 @@ def test_series_order_numbers_by_value_as_compare_does():
     assert labels == ["ngram (num_draft=1)", "ngram (num_draft=2)", "ngram (num_draft=10)"]
 
 
+def test_checkpoint_paths_in_labels_keep_the_part_that_differs():
+    """A path option reads as compare writes it (its last part), shortened in the middle, so two checkpoints whose
+    names differ at the end stay two labels (they were 'path=drafters/checkpoints/je…' and '... #2')."""
+    heads = ("jetspec-smollm2-135m-r200k-g1-e5-v8k", "jetspec-smollm2-135m-r200k-g1-e7-v8k")
+    rows = [result_row("p0", "jetspec", [1], drafter_config=json.dumps({"path": f"drafters/checkpoints/{h}"}))
+            for h in heads]
+    labels = [s.label for s in plots.series_of(frame(rows))]
+    assert labels == ["jetspec (path=jetspec-s…200k-g1-e5-v8k)", "jetspec (path=jetspec-s…200k-g1-e7-v8k)"]
+
+
 def test_single_config_label_is_the_drafter_name():
     rows = [r for r in sample_rows() if r["drafter"] in ("ar", "eagle3")]
     rows = [dict(r, seed=0) for r in rows]
@@ -305,6 +315,7 @@ def test_speedup_figure_legends_cover_no_value_label(tmp_path, monkeypatch):
     plots.plot_speedup(plots.series_of(frame(rows)), "subtitle", tmp_path / "speedup.png")
     (fig,) = drawn
     renderer = fig.canvas.get_renderer()
+    assert all(t.get_rotation() == 0 for ax in fig.axes for t in ax.get_xticklabels())  # room enough: level
     for ax in fig.axes:
         legend = ax.get_legend().get_window_extent(renderer)
         labels = [t for t in ax.texts if t.get_text()]
@@ -315,3 +326,17 @@ def test_speedup_figure_legends_cover_no_value_label(tmp_path, monkeypatch):
         assert len(ticks) == 4
         for left, right in zip(ticks, ticks[1:]):
             assert left.x1 < right.x0, "neighbouring tick labels overlap"
+
+
+def test_crowded_tick_labels_slant(tmp_path, monkeypatch):
+    """Twelve settings do not fit side by side in the widest figure: their tick labels slant instead of overlapping."""
+    drawn = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, *a: (drawn.append(fig), save(fig, *a))[1])
+    rows = [result_row(p, "ngram", [1, 0], drafter_config=json.dumps({"max_n": 3, "num_draft": i}))
+            for i in range(1, 13) for p in ("p0", "p1")] + [ar_row("p0", 4), ar_row("p1", 4)]
+    plots.plot_speedup(plots.series_of(frame(rows)), "subtitle", tmp_path / "speedup.png")
+    (fig,) = drawn
+    assert fig.get_size_inches()[0] == plots.MAX_WIDTH_IN
+    assert all(t.get_rotation() == 30 for ax in fig.axes for t in ax.get_xticklabels())
+    check_png(tmp_path / "speedup.png")
