@@ -283,6 +283,13 @@ def _save(fig: Figure, title: str, subtitle: str, path: Path) -> Path:
     return path
 
 
+def _slot_in(tick_labels: list[str], least: float) -> float:
+    """Inches a bar needs for its 8-pt tick label's longest line (about 0.065 in a character), at least ``least``;
+    where the figure cannot grow that wide, :func:`_save` slants the labels that overlap."""
+    longest = max((len(line) for label in tick_labels for line in label.splitlines()), default=0)
+    return max(least, 0.065 * longest + 0.15)
+
+
 def _slant_crowded_ticks(fig: Figure) -> bool:
     """Slant the x tick labels of every axis where two neighbours overlap as drawn; whether any did."""
     renderer = fig.canvas.get_renderer()
@@ -381,10 +388,7 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
     bars, omitted = speedup_bars(series)
     n = len(bars)
     labels = [_tick_label(lab) for lab in bars["label"]]
-    # each bar as wide as its longest tick line at 8 pt (about 0.065 in a character), in each of the two panels
-    longest = max((len(line) for lab in labels for line in lab.splitlines()), default=0)
-    wanted = 2.0 + 2 * n * max(0.8, 0.065 * longest + 0.15)
-    fig, axes = _figure(min(MAX_WIDTH_IN, max(8.0, wanted)), 4.6, ncols=2 if n else 1)  # past it, _save slants them
+    fig, axes = _figure(min(MAX_WIDTH_IN, max(8.0, 2.0 + 2 * n * _slot_in(labels, 0.8))), 4.6, ncols=2 if n else 1)
     colors = {s.label: s.color for s in series}
     if omitted:
         subtitle += " · no paired AR baseline, left out: " + ", ".join(omitted)
@@ -430,7 +434,9 @@ def plot_speedup(series: list[Series], subtitle: str, path: Path) -> Path:
 def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path:
     table = time_breakdown(series)
     n = len(table)
-    fig, (ax,) = _figure(max(6.0, 2.5 + 1.3 * n), 4.6)
+    baseline = {s.label for s in series if s.is_baseline}
+    labels = [_tick_label(lab) + ("\n(baseline)" if lab in baseline else "") for lab in table.index]
+    fig, (ax,) = _figure(min(MAX_WIDTH_IN, max(6.0, 2.5 + n * _slot_in(labels, 1.3))), 4.6)
     x = np.arange(n)
     bottom = np.zeros(n)
     for phase, _, color in _PHASES:
@@ -441,9 +447,7 @@ def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path
     ax.bar_label(ax.containers[-1], labels=[f"{v:.1f} ms" for v in bottom], padding=2, fontsize=8)
     ax.set_ylim(0, max(bottom.max() if n else 0.0, 1e-9) * 1.18)
     ax.set_xticks(x)
-    baseline = {s.label for s in series if s.is_baseline}
-    ax.set_xticklabels([_tick_label(lab) + ("\n(baseline)" if lab in baseline else "") for lab in table.index],
-                       fontsize=8)
+    ax.set_xticklabels(labels, fontsize=8)
     ax.set_xlim(-0.7, n - 0.3)
     ax.set_ylabel("mean time per step (ms)")
     handles, labels = ax.get_legend_handles_labels()
