@@ -551,3 +551,9 @@ def test_resume_key_ignores_only_bookkeeping():
     assert base != checkpointed_often and _same_run(base, checkpointed_often)
     assert not _same_run(base, _config_key(Fake(Eagle3Recipe(**{**TINY_RECIPE, "lr": 1e-3})), "k", 1))
     assert not _same_run(base, _config_key(Fake(Eagle3Recipe(**TINY_RECIPE)), "other data", 1))
+    # a block run's chunk sizes group the same rows differently (memory, speed), so it resumes with others
+    from drafters.block.train import BlockRecipe
+
+    block = _config_key(Fake(BlockRecipe(anchor_chunk=128, logit_chunk=512)), "k", 1)
+    assert _same_run(block, _config_key(Fake(BlockRecipe(anchor_chunk=64, logit_chunk=2048)), "k", 1))
+    assert not _same_run(block, _config_key(Fake(BlockRecipe(anchor_chunk=64, block_size=8)), "k", 1))

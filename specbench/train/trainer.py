@@ -305,7 +305,11 @@ def recipe_key(recipe: TrainRecipe) -> dict:
     return d
 
 
-BOOKKEEPING = ("save_every",)  # recipe fields that change when state is written, never what is trained
+# Recipe fields that change when state is written or how many rows run at once, never what is trained: a run
+# resumes with other values (a block run's chunks give the one-piece gradient, to float rounding:
+# tests/test_block_training.py::test_chunked_backward_is_the_whole_batch_gradient; so a run started on one machine
+# may take the chunk sizes another machine runs fastest).
+BOOKKEEPING = ("save_every", "anchor_chunk", "logit_chunk")
 
 
 def _same_run(stored: str, key: str) -> bool:
