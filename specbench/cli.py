@@ -291,8 +291,9 @@ def train(
     )
     _, recipe = pipeline.validate(job)
     from drafters.common.precision import slow_bf16_note
+    from specbench.targets import pick_device
 
-    if (note := slow_bf16_note(getattr(recipe, "precision", "fp32"), device)) is not None:
+    if (note := slow_bf16_note(getattr(recipe, "precision", "fp32"), pick_device(device))) is not None:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     import datasets
 

@@ -435,8 +435,8 @@ def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path
     table = time_breakdown(series)
     n = len(table)
     baseline = {s.label for s in series if s.is_baseline}
-    labels = [_tick_label(lab) + ("\n(baseline)" if lab in baseline else "") for lab in table.index]
-    fig, (ax,) = _figure(min(MAX_WIDTH_IN, max(6.0, 2.5 + n * _slot_in(labels, 1.3))), 4.6)
+    ticks = [_tick_label(lab) + ("\n(baseline)" if lab in baseline else "") for lab in table.index]
+    fig, (ax,) = _figure(min(MAX_WIDTH_IN, max(6.0, 2.5 + n * _slot_in(ticks, 1.3))), 4.6)
     x = np.arange(n)
     bottom = np.zeros(n)
     for phase, _, color in _PHASES:
@@ -447,7 +447,7 @@ def plot_time_breakdown(series: list[Series], subtitle: str, path: Path) -> Path
     ax.bar_label(ax.containers[-1], labels=[f"{v:.1f} ms" for v in bottom], padding=2, fontsize=8)
     ax.set_ylim(0, max(bottom.max() if n else 0.0, 1e-9) * 1.18)
     ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticklabels(ticks, fontsize=8)
     ax.set_xlim(-0.7, n - 0.3)
     ax.set_ylabel("mean time per step (ms)")
     handles, labels = ax.get_legend_handles_labels()

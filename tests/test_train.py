@@ -411,7 +411,7 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, w
     monkeypatch.setattr(precision, "bf16_matmul_ratio", lambda repeats=3: 6.0)
     note = precision.slow_bf16_note("bf16", "cpu")
     assert "6.0x a float32 one" in note and "--set precision=fp32" in note
-    assert precision.slow_bf16_note("bf16-head", "auto" if not torch.cuda.is_available() else "cpu") is not None
+    assert precision.slow_bf16_note("bf16-head", torch.device("cpu")) is not None
     monkeypatch.setattr(precision, "bf16_matmul_ratio", lambda repeats=3: 0.3)  # native bfloat16: it pays
     assert precision.slow_bf16_note("bf16", "cpu") is None
 
@@ -426,6 +426,8 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, w
     monkeypatch.setattr(precision, "bf16_matmul_ratio", lambda repeats=3: 6.0)
     res = cli(*TINY_CLI, "--set", "precision=bf16", "--device", "cpu", "--out", str(tmp_path / "head"))
     assert res.exit_code == 2 and "warning: precision=bf16: a bfloat16 matmul takes 6.0x" in res.output
+    res = cli(*TINY_CLI, "--set", "precision=bf16", "--device", "gpu", "--out", str(tmp_path / "head"))
+    assert res.exit_code == 2 and "invalid --device 'gpu'" in res.output and "Traceback" not in res.output
     monkeypatch.setattr(precision, "bf16_matmul_ratio", unmeasured)
     res = cli(*TINY_CLI, "--device", "cpu", "--out", str(tmp_path / "head"))  # fp32: no measurement, no warning
     assert res.exit_code == 2 and "warning" not in res.output and "stopped before training" in res.output

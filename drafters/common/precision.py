@@ -42,11 +42,9 @@ def bf16_matmul_ratio(repeats: int = 3) -> float:
     return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
 
 
-def slow_bf16_note(precision: str, device: str, threshold: float = 1.5) -> str | None:
+def slow_bf16_note(precision: str, device: torch.device | str, threshold: float = 1.5) -> str | None:
     """A one-line warning when ``precision`` asks for bfloat16 on a CPU that runs it slower than float32
     (measured, :func:`bf16_matmul_ratio`); None for ``fp32``, for GPUs, and where bfloat16 pays."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     if precision == "fp32" or torch.device(device).type != "cpu":
         return None
     ratio = bf16_matmul_ratio()
