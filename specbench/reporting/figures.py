@@ -153,7 +153,7 @@ def _grouped_bars(ax, table: pd.DataFrame, column: str, tasks: list[str], fmt: s
             for xi, value, top in zip(x + offset, values, tops):
                 if np.isfinite(value):
                     ax.annotate(fmt.format(value), (xi, top), xytext=(0, 1), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7)
+                                ha="center", va="bottom", fontsize=7, bbox=plots.LABEL_BOX)
     ax.set_xticks(x)
     ax.set_xticklabels(tasks, fontsize=9)
     ax.set_xlim(-0.6, len(tasks) - 0.4)
