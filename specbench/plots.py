@@ -134,11 +134,11 @@ def series_of(df: pd.DataFrame) -> list[Series]:
         group = group.drop_duplicates(once, keep="first").reset_index(drop=True)
         options = _parse_config(str(fields["drafter_config"]))
         # an option as compare writes it (a path by its last part), shortened in the middle past 24 characters
-        parts = [f"{k}={_value_text(report._option_text(options.get(k, '-')))}" for k in differing[fields["drafter"]]]
+        parts = [f"{k}={_value_text(report.option_text(options.get(k, '-')))}" for k in differing[fields["drafter"]]]
         parts += [f"{_SETTING_LABELS[c]}={_value_text(fields[c])}" for c in varying]
         label = fields["drafter"] + (f" ({', '.join(parts)})" if parts else "")
         groups.append((fields["drafter"] != report.BASELINE_DRAFTER, fields["drafter"], label, fields, group))
-    groups.sort(key=lambda g: (g[0], g[1], report._natural_key(g[2])))  # num_draft=2 before 10, as compare orders
+    groups.sort(key=lambda g: (g[0], g[1], report.natural_key(g[2])))  # num_draft=2 before 10, as compare orders
 
     out: list[Series] = []
     seen: dict[str, int] = {}

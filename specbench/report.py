@@ -511,7 +511,7 @@ def deepest_accepted(df: pd.DataFrame) -> int:
     return int(accepted.max()) if accepted.size else 0
 
 
-def _natural_key(text: str) -> tuple:
+def natural_key(text: str) -> tuple:
     """Sort key that orders ``budget=16`` before ``budget=128``."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
 
@@ -614,13 +614,13 @@ def compare(df: pd.DataFrame, allow_mixed: bool = False, depths: int | None = No
 
     def order(rec: dict) -> tuple:
         return (
-            _natural_key(_text(rec["target"])),
-            _natural_key(_text(rec["task"])),
-            *(_natural_key(_text(rec[c])) for c in varying),  # each set of comparable rows together
+            natural_key(_text(rec["target"])),
+            natural_key(_text(rec["task"])),
+            *(natural_key(_text(rec[c])) for c in varying),  # each set of comparable rows together
             rec["drafter"] != BASELINE_DRAFTER,
-            _natural_key(_text(rec["drafter"])),
+            natural_key(_text(rec["drafter"])),
             rec["setting"] != "default",
-            _natural_key(rec["setting"]),
+            natural_key(rec["setting"]),
             rec["_ckpt"],
         )
 
@@ -678,7 +678,7 @@ def _canonical(value: Any) -> Any:
         return str(value)
 
 
-def _option_text(value: Any) -> str:
+def option_text(value: Any) -> str:
     """A short text for one option value: a path by its last part, floats by %g."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -687,7 +687,7 @@ def _option_text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, (list, tuple)):
-        return ",".join(_option_text(v) for v in value)
+        return ",".join(option_text(v) for v in value)
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     text = str(value)
@@ -705,7 +705,7 @@ def _parse_options(config: str) -> dict[str, Any] | None:
 
 
 def _label(options: dict[str, Any], keys: list[str]) -> str:
-    parts = [f"{k}={_option_text(options[k])}" for k in keys if k in options]
+    parts = [f"{k}={option_text(options[k])}" for k in keys if k in options]
     return ", ".join(parts) if parts else "default"
 
 
@@ -715,7 +715,7 @@ def _short_hash(text: str) -> str:
 
 def _checkpoint_tags(identities: list[str]) -> dict[str, str]:
     """A short distinct tag per checkpoint identity: 7 hex digits of a hash, or a path's last part."""
-    tags = {i: i[:7] if re.fullmatch(r"[0-9a-fA-F]{7,}", i) else _option_text(i) for i in identities}
+    tags = {i: i[:7] if re.fullmatch(r"[0-9a-fA-F]{7,}", i) else option_text(i) for i in identities}
     if len(set(tags.values())) < len(tags):
         tags = {i: _short_hash(i) for i in identities}
     return tags
@@ -920,7 +920,7 @@ def sort_compare(df: pd.DataFrame, column: str) -> pd.DataFrame:
     if numeric:
         values = pd.to_numeric(values.map(lambda v: None if _plain(v) is None else float(_plain(v))), errors="coerce")
     else:
-        values = values.map(lambda v: None if _plain(v) is None else _natural_key(str(v)))
+        values = values.map(lambda v: None if _plain(v) is None else natural_key(str(v)))
 
     def sort_key(i: int) -> tuple:
         value = values.iloc[i]
