@@ -1,4 +1,4 @@
-"""Choose the training-free drafters' defaults by measurement: ``python -m specbench.replay ngram|draft-model``.
+"""Greedy decoding replayed against reference outputs: tau of any drafter setting without the target's verify forward, and the training-free drafters' defaults tuned by measurement (``python -m specbench.replay``).
 
 Greedy decoding is deterministic, so a drafter's acceptance does not depend on timing: the target's
 greedy output of each prompt is generated ONCE (``ar``, cached under ``$SPECBENCH_CACHE/replay``) and
@@ -13,7 +13,18 @@ every setting is replayed against it, step by step, with the drafter's own code:
   every schedule (constant / heuristic) and confidence threshold is replayed exactly; a chain still
   drafting after ``--off-path`` wrong tokens is assumed to run to its length (a cost upper bound).
 
-Time per step comes from a cost profile measured in the same process, interleaved: the target's
+Any other drafter, and these two with ``--set``/``--vary``/``--refs``, is replayed one setting at a time
+(:func:`replay_drafter`): its own ``propose`` runs on the contexts decoding would give it, the feature
+rows taken from one teacher-forced forward over prompt + reference, and a draft counts as accepted
+exactly when it is the reference token. That is greedy verification whenever the reference is the
+target's greedy output, so tau comes out as decoding measures it without the target's verify forward
+(the conformance suite checks step-for-step equality for every registered drafter). Against a
+run's own result files (``--refs``) it also says how many rows it retraced step for step:
+
+    python -m specbench.replay jetspec --refs results/jetspec-64-math500.parquet \
+        --set path=drafters/checkpoints/jetspec-smollm2-135m-r200k-g1-e7-v8k --vary budget=16,32,64 --vary width=4,7
+
+Time per step of the tuning modes comes from a cost profile measured in the same process, interleaved: the target's
 forward of n tokens (``T_t(n)``, the verify of an n-node chain) and, for draft-model, the draft LM's
 forward of 1 and 2 tokens. Predicted decode speedup over ``ar`` = ``N * T_t(1) / sum(step costs)``.
 The machine may be shared: the profile is a median of interleaved rounds, and the chosen defaults
@@ -31,6 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from specbench.decode import generate
@@ -330,6 +342,144 @@ def draft_model_grid() -> list[dict]:
     return grid
 
 
+# --------------------------------------------------------------------------- any drafter, one setting at a time
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    tree_size: int  # nodes including the root
+    accepted: int  # drafts on the path the reference output takes through the tree
+    draft_s: float  # the drafter's propose() call
+
+
+def teacher_features(target: Target, seq: list[int], layers: tuple[int, ...]) -> torch.Tensor | None:
+    """[len(seq) - 1, F]: the target's tapped state at every position but the last, from one forward over
+    ``seq[:-1]`` (row j pairs with token j + 1, as in decoding); None for a drafter that taps nothing."""
+    if not layers:
+        return None
+    return target.prefill(torch.tensor(seq[:-1]), layers)
+
+
+def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None) -> list[ReplayStep]:
+    """The steps greedy decoding of ``ref.prompt`` takes with ``drafter``, the target's verify forward
+    replaced by ``ref.output`` (its greedy output, so a draft is accepted exactly when it is the
+    reference token) and its feature rows by ``features`` (:func:`teacher_features` of prompt + output).
+
+    The drafter gets the contexts :func:`specbench.decode.generate` gives it: the prompt with its rows
+    first, then each step's accepted drafts and bonus token with the rows of the root and the accepted
+    nodes, and the accepted node ids. The last step may accept fewer than decoding does: the replay
+    keeps the last reference token as a bonus (nothing is known past it)."""
+    out = ref.output
+    p0 = len(ref.prompt)
+    rows = (lambda a, b: None) if features is None else (lambda a, b: features[a:b])
+    drafter.reset(Sampling())
+    ctx = DraftContext(tokens=torch.tensor(ref.prompt), features=rows(0, p0 - 1), pos=p0 - 1, accepted_nodes=None)
+    steps: list[ReplayStep] = []
+    i = 0  # output tokens committed
+    while i < len(out):
+        t0 = time.perf_counter()
+        tree = drafter.propose(ctx)
+        draft_s = time.perf_counter() - t0
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        children: dict[int, dict[int, int]] = {}
+        for node in range(len(tokens) - 1, 0, -1):  # the first of equal siblings wins, as in verify
+            children.setdefault(parents[node], {})[tokens[node]] = node
+        path = [0]
+        while i + len(path) - 1 < len(out) - 1 and out[i + len(path) - 1] in children.get(path[-1], {}):
+            path.append(children[path[-1]][out[i + len(path) - 1]])
+        acc = len(path) - 1
+        pos = ctx.pos
+        ctx = DraftContext(tokens=torch.tensor(out[i : i + acc + 1]), features=rows(pos, pos + acc + 1),
+                           pos=pos + acc + 1, accepted_nodes=torch.tensor(path))
+        steps.append(ReplayStep(len(tokens), acc, draft_s))
+        i += acc + 1
+    return steps
+
+
+def result_refs(files: list[Path]) -> tuple[list[Ref], pd.DataFrame]:
+    """Every row of specbench result ``files`` as a reference (its prompt and output; greedy rows only),
+    with the rows themselves (for their own steps)."""
+    from specbench import results
+
+    df = results.read_results(files).reset_index(drop=True)
+    sampled = df[df["temperature"] > 0]
+    if len(sampled):
+        raise UserError(f"{len(sampled)} row(s) of the --refs files were sampled (temperature > 0); a replay needs "
+                        "greedy outputs: give the result files of a temperature-0 run (e.g. a sweep's AR baseline)")
+    refs = [Ref(task, f"{pid}#{turn}", [int(x) for x in prompt], [int(x) for x in output])
+            for task, pid, turn, prompt, output in zip(df["task"], df["prompt_id"], df["turn"], df["prompt_ids"], df["output_ids"])]
+    return refs, df
+
+
+def grid_of(vary: list[str]) -> list[dict[str, str]]:
+    """``["budget=16,64", "width=4,7"]`` -> every combination, in order: [{budget: 16, width: 4}, ...]."""
+    axes = []
+    for item in vary:
+        key, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not parts:
+            raise UserError(f"--vary expects key=v1,v2,..., got '{item}'")
+        axes.append([(key.strip(), v) for v in parts])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[str, str]], refs: list[Ref],
+                  live: pd.DataFrame | None = None) -> list[dict]:
+    """One row per setting of ``grid`` (each on top of ``fixed``): tau per task and pooled, the mean tree
+    size, the drafter's mean propose time; with ``live`` (the references' own result rows), how many rows
+    of a run with this very drafter, weights and options the replay retraced step for step."""
+    from specbench.drafter import config_json
+
+    cls = drafter_class(name)
+    features: dict[tuple[int, ...], list[torch.Tensor | None]] = {}
+    rows = []
+    for opts in grid:
+        config = parse_config(cls.Config, fixed + [f"{k}={v}" for k, v in opts.items()])
+        drafter = cls(target, config)
+        layers = tuple(drafter.feature_layers)
+        if layers not in features:  # one teacher-forced forward per reference, shared by the settings
+            features[layers] = [teacher_features(target, r.prompt + r.output, layers) for r in refs]
+        per_task: dict[str, list] = {}
+        same = compared = 0
+        mine = json.loads(config_json(config))
+        for k, ref in enumerate(refs):
+            steps = replay_drafter(drafter, ref, features[layers][k])
+            t = per_task.setdefault(ref.task, [0, 0, 0, 0.0])
+            t[0] += len(ref.output)
+            t[1] += len(steps)
+            t[2] += sum(s.tree_size for s in steps)
+            t[3] += sum(s.draft_s for s in steps)
+            if live is not None and _same_run(live.iloc[k], name, drafter, mine):
+                compared += 1
+                same += [s.accepted for s in steps][:-1] == [int(a) for a in live.iloc[k]["accepted_per_step"]][:-1]
+        row: dict = dict(opts)
+        for task, (tokens, n, _, _) in per_task.items():
+            row[f"tau_{task}"] = tokens / n
+        tokens, n, nodes, draft_s = (sum(t[j] for t in per_task.values()) for j in range(4))
+        row.update(tau=tokens / n, steps=n, tree_size=nodes / n, draft_ms_per_step=1e3 * draft_s / n)
+        if compared:
+            row["live_rows_retraced"] = f"{same}/{compared}"
+        rows.append(row)
+    return rows
+
+
+def _same_run(live_row, name: str, drafter, mine: dict) -> bool:
+    """Whether a result row was decoded by drafter ``name`` with these weights and options (path aside)."""
+    if live_row["drafter"] != name:
+        return False
+    sha = None if drafter.checkpoint is None else drafter.checkpoint.sha256
+    if (live_row["checkpoint_hash"] or None) != sha:
+        return False
+    theirs = json.loads(live_row["drafter_config"])
+    return {k: v for k, v in theirs.items() if k != "path"} == {k: v for k, v in mine.items() if k != "path"}
+
+
+def live_taus(df: pd.DataFrame) -> dict[str, float]:
+    """tau per task of the reference rows' own decoding (tokens over steps, as :func:`replay_drafter` counts)."""
+    g = df.groupby("task")[["n_new_tokens", "n_steps"]].sum()
+    return {task: float(r["n_new_tokens"] / r["n_steps"]) for task, r in g.iterrows()}
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -346,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     from specbench.results import env_fingerprint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("drafter", choices=("ngram", "draft-model"))
+    ap.add_argument("drafter", help="any drafter, replayed at --set/--vary settings; ngram or draft-model alone tunes its defaults")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="", help="draft-model: the draft LM (alias or directory)")
     ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
@@ -355,18 +505,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the cost profile")
     ap.add_argument("--off-path", type=int, default=8, help="draft-model: wrong-chain tokens run per miss")
-    ap.add_argument("--batch", type=int, default=10, help="reference outputs: prompts per batched transformers generate "
-                    "(1 = specbench's own ar loop, prompt by prompt)")
+    ap.add_argument("--batch", type=int, default=None, help="reference outputs: prompts per batched transformers generate "
+                    "(1 = specbench's own ar loop, prompt by prompt; default 10 when tuning, else 1)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a drafter option every setting shares (repeatable)")
+    ap.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                    help="a drafter option to replay at each value; several --vary make a grid")
+    ap.add_argument("--refs", nargs="+", type=Path, default=[], metavar="FILE",
+                    help="replay against these result files' prompts and greedy outputs instead of generating references")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); 1 is steadier on a busy machine")
     ap.add_argument("--quick", action="store_true", help="a 3-setting ngram grid (tests)")
     ap.add_argument("--refs-only", action="store_true", help="only generate (and cache) the reference outputs")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write cached reference outputs")
     ap.add_argument("--out", type=Path, default=None, help="markdown report (default reports/replay_<drafter>_<target>.md)")
     args = ap.parse_args(argv)
+    args.argv = argv if argv is not None else __import__("sys").argv[1:]
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
+    tuning = args.drafter in ("ngram", "draft-model") and not (args.set or args.vary or args.refs)
+    if not tuning:
+        return replay_main(args, tasks)
+    args.batch = 10 if args.batch is None else args.batch
     target = load_target(args.target)
     refs = references(target, tasks, args.limit, args.seed, args.max_new_tokens, None if args.no_cache else cache_root() / "replay",
                       args.batch)
@@ -427,5 +587,58 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(lines[: len(head) + 12]))
 
 
+def replay_main(args, tasks: list[str]) -> None:
+    """Replay one drafter at every setting of ``--vary`` (over ``--set``) and print a table of tau."""
+    from specbench.fetch import cache_root
+    from specbench.results import env_fingerprint
+
+    cls = drafter_class(args.drafter)  # an unknown name: one line, before any model loads
+    grid = grid_of(args.vary) or [{}]
+    for opts in grid:  # every setting parses before the first replay
+        parse_config(cls.Config, args.set + [f"{k}={v}" for k, v in opts.items()])
+    live = None
+    if args.refs:
+        refs, live = result_refs(args.refs)
+        names = set(live["target"])
+        if names != {args.target}:
+            raise UserError(f"the --refs files were decoded by {', '.join(sorted(names))}, not --target {args.target}; "
+                            "give the target they name")
+    target = load_target(args.target)
+    if not args.refs:
+        batch = 1 if args.batch is None else args.batch
+        refs = references(target, tasks, args.limit, args.seed, args.max_new_tokens,
+                          None if args.no_cache else cache_root() / "replay", batch)
+    if not refs:
+        raise UserError("no prompts selected")
+    rows = sweep_drafter(target, args.drafter, list(args.set), grid, refs, live)
+    env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
+    cmd = "python -m specbench.replay " + " ".join(args.argv)
+    seen = list(dict.fromkeys(r.task for r in refs))
+    keys = [*grid[0], "tau", *(f"tau_{t}" for t in seen), "tree_size", "draft_ms_per_step", "steps"]
+    if any("live_rows_retraced" in r for r in rows):
+        keys.append("live_rows_retraced")
+    lines = [f"# Replaying `{args.drafter}` on {args.target}", "", f"`{cmd}`", "",
+             f"Fixed options: {', '.join(args.set) or '(defaults)'}. References: {len(refs)} "
+             f"({', '.join(f'{t} {sum(r.task == t for r in refs)}' for t in seen)}; {sum(len(r.output) for r in refs)} "
+             f"output tokens), {'from ' + ', '.join(map(str, args.refs)) if args.refs else 'generated greedily'}. "
+             "tau is replayed (greedy: a draft counts when it is the reference token), not timed; draft ms is the "
+             f"drafter's own propose() on {env['cpu_model']}, {env['threads']} threads, {env['device']} {env['dtype']}.", ""]
+    if live is not None and (live["drafter"] != "ar").any():
+        lines += ["The reference files' own decoding: " + ", ".join(
+            f"{d} on {t}: tau {v:.3f}" for d, sub in live.groupby("drafter") for t, v in live_taus(sub).items()) + ".", ""]
+    lines += _markdown(rows, keys, "tau")
+    print("\n".join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps(dict(command=cmd, env=env, rows=rows), indent=1))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    try:
+        main()
+    except UserError as exc:  # one line, exit 2, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -324,3 +324,27 @@ def test_feature_rows_equal_teacher_forced(setups, tmp_root, case: Case, target:
     assert positions.tolist() == list(range(1, int(positions[-1]) + 1)) and int(positions[-1]) < seq.numel()
     assert torch.equal(torch.cat([r.tokens for r in drafter.rows]), seq[positions])
     torch.testing.assert_close(torch.cat([r.features for r in drafter.rows]), feats[positions - 1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", SAMPLED)
+def test_replay_retraces_decoding(setups, tmp_root, case: Case):
+    """``specbench.replay`` (the target's verify replaced by its greedy output, its feature rows by one
+    teacher-forced forward) takes the steps real greedy decoding takes: the same tree sizes and the
+    same accepted drafts, step for step (the last step aside: the replay keeps the reference's last
+    token as a bonus). Fails when a context's tokens, rows or positions are off by one."""
+    from specbench import replay
+
+    setup = setup_for(setups, "tiny-llama")
+    drafter = build(setup, case, tmp_root)
+    accepted = 0
+    for prompt in setup.prompts:
+        gen = generate(setup.target, drafter, prompt, MAX_NEW, Sampling())
+        ref = replay.Ref("t", "p", prompt.tolist(), gen.output_ids)
+        feats = replay.teacher_features(setup.target, ref.prompt + ref.output, tuple(drafter.feature_layers))
+        steps = replay.replay_drafter(drafter, ref, feats)
+        assert len(steps) == len(gen.steps)
+        assert [s.accepted for s in steps][:-1] == [s.accepted for s in gen.steps][:-1]
+        assert [s.tree_size for s in steps][:-1] == [s.tree_size for s in gen.steps][:-1]
+        accepted += sum(s.accepted for s in steps)
+    if case.weights == "fitted":
+        assert accepted > 0  # the comparison saw drafts accepted, not only roots

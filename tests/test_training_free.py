@@ -15,6 +15,7 @@ from clirun import invoke, one_error_line
 from specbench import bench, replay
 from specbench.decode import generate
 from specbench.drafter import DraftContext, Sampling, UserError, drafter_class, parse_config
+from specbench.results import read_results
 from specbench.targets import load_target
 from specbench.tasks import load_task, render_chat
 
@@ -226,3 +227,44 @@ def test_bench_cli_refuses_bad_input_in_one_line(args, message):
 def test_cost_profile_is_made_monotone():
     assert replay.monotone({1: 2.0, 2: 5.0, 3: 3.0, 4: 6.0}) == {1: 2.0, 2: 4.0, 3: 4.0, 4: 6.0}
     assert replay.monotone({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+
+
+def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_path, monkeypatch, capsys):
+    """``python -m specbench.replay DRAFTER --refs FILE`` replays a run's outputs: at the run's own options
+    it retraces every row step for step (and says so); each ``--vary`` value gets a row."""
+    from typer.testing import CliRunner
+
+    from specbench import cli
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    opts = ["--set", "path=random", "--set", "block_size=8", "--set", "width=3"]
+    run = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "r"),
+                                       "--drafter", "jetspec", *opts, "--set", "budget=6", "--task", "humaneval",
+                                       "--limit", "2", "--max-new-tokens", "12"])
+    assert run.exit_code == 0, run.output
+    (parquet,) = [f for f in (tmp_path / "r").glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
+    out = tmp_path / "replay.md"
+    replay.main(["jetspec", "--target", "tiny-llama", "--refs", str(parquet), *opts, "--vary", "budget=6,3", "--out", str(out)])
+    rows = {r["budget"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    live = read_results([parquet])
+    assert rows["6"]["live_rows_retraced"] == f"{len(live)}/{len(live)}"
+    assert rows["6"]["tau"] == pytest.approx(live["n_new_tokens"].sum() / live["n_steps"].sum())
+    assert "live_rows_retraced" not in rows["3"]  # another budget: nothing to retrace
+    assert rows["3"]["tree_size"] <= 3 and rows["6"]["tree_size"] <= 6
+    assert "The reference files' own decoding: jetspec on humaneval" in capsys.readouterr().out
+    sampled = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "s"),
+                                           "--drafter", "ar", "--temperature", "0.8", "--task", "humaneval", "--limit", "1",
+                                           "--max-new-tokens", "4"])
+    assert sampled.exit_code == 0, sampled.output
+    with pytest.raises(UserError, match="sampled"):
+        replay.main(["jetspec", "--target", "tiny-llama", "--refs", *map(str, (tmp_path / "s").glob("*.parquet")), *opts])
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["jetspec", "--vary", "budget"], "--vary expects key=v1,v2"),
+    (["nosuch", "--vary", "budget=4"], "unknown drafter 'nosuch'"),
+    (["jetspec", "--vary", "bugdet=4"], "unknown --set key 'bugdet'"),
+])
+def test_replay_refuses_bad_input_before_loading_a_model(argv, words):
+    with pytest.raises(UserError, match=words):
+        replay.main(argv)
