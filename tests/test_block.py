@@ -704,6 +704,9 @@ def test_cli_train_all_three_families(setups, tmp_path, monkeypatch, wide_consol
         models[family] = drafter.model
         assert_lossless(setup, drafter)
     assert json.loads((outs["jetspec"] / "config.json").read_text())["dflash_config"]["causal_head"] is True
+    from test_train import assert_snapshot_is_the_checkpoint
+
+    assert_snapshot_is_the_checkpoint(outs["jetspec"], tmp_path / "snap-jetspec", setup.target)
     tf, base = models["treeflash"].state_dict(), models["dflash"].state_dict()
     assert all(torch.equal(tf[k], v) for k, v in base.items())
     assert float(tf["ar_approximation.d.weight"].abs().sum()) > 0  # the correction trained

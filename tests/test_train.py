@@ -385,6 +385,7 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_tensor("fc.weight").dtype == torch.float16
+    assert_snapshot_is_the_checkpoint(out, tmp_path / "snap", targets["tiny-llama"])
     # rerunning the finished command resumes at the end: nothing more is trained
     res = cli(*TINY_CLI, "--out", str(out))
     assert res.exit_code == 0, res.output
@@ -397,6 +398,23 @@ def test_cli_train_end_to_end_and_rerun(targets, tmp_path, wide_console):
     # other settings in the same directory: one line, exit 2
     res = cli(*[a if a != "1200" else "1500" for a in TINY_CLI], "--out", str(out))
     assert res.exit_code == 2 and "other settings (budget_tokens)" in res.output and "Traceback" not in res.output
+
+
+def assert_snapshot_is_the_checkpoint(run: Path, dest: Path, target) -> None:
+    """``pipeline.snapshot`` of a finished run (its last state is the final step) writes the very tensors
+    the run shipped, vocabulary maps included (its placeholder data would give other maps)."""
+    from safetensors.torch import load_file
+
+    from specbench.errors import UserError
+    from specbench.train.pipeline import snapshot
+
+    record = snapshot(run, dest, target)
+    assert record["step"] == json.loads((run / "training.json").read_text())["steps"]
+    shipped, snap = load_file(run / "model.safetensors"), load_file(dest / "model.safetensors")
+    assert shipped.keys() == snap.keys() and all(torch.equal(shipped[k], snap[k]) for k in shipped)
+    assert json.loads((dest / "config.json").read_text()) == json.loads((run / "config.json").read_text())
+    with pytest.raises(UserError, match="no readable training.json"):
+        snapshot(dest, dest / "again", target)
 
 
 def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, wide_console):

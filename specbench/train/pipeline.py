@@ -320,6 +320,39 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
     return summary
 
 
+SNAPSHOT_FILE = "snapshot.json"
+
+
+def snapshot(run_dir: Path, dest: Path, target) -> dict:
+    """Write the weights of ``run_dir``'s last saved state (``trainer_state.pt``, written every
+    ``save_every`` steps) into ``dest`` in the family's checkpoint layout, so an unfinished run can be
+    decoded or replayed like a finished one; ``dest/snapshot.json`` says which step. ``target`` is the
+    run's target (it gives the module's shapes). Returns that record."""
+    from specbench.train.trainer import STATE_FILE
+
+    try:
+        job = json.loads((run_dir / JOB_FILE).read_text())["job"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        raise UserError(f"'{run_dir}' holds no readable {JOB_FILE}; give the --out folder of a `specbench train` run") from None
+    if job["target"] != target.name:
+        raise UserError(f"'{run_dir}' trains for {job['target']}, not {target.name}; load that target")
+    if not (run_dir / STATE_FILE).exists():
+        raise UserError(f"'{run_dir}' has no {STATE_FILE} yet (it is written every save_every steps); try again later")
+    training = trainer_of(job["drafter"])
+    recipe = parse_config(training.Recipe, list(job["options"]))
+    state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=False)
+    # placeholder data: it only seeds a reduced vocabulary's maps, which the saved state replaces
+    ids = [list(range(target.vocab_size))]
+    trainable = training(target, recipe, ids, [[1] * len(ids[0])])
+    trainable.module.load_state_dict(state["module"])
+    dest.mkdir(parents=True, exist_ok=True)
+    trainable.save(dest)
+    record = {"run": run_dir.name, "drafter": job["drafter"], "target": job["target"], "step": int(state["step"]),
+              "tokens_seen": int(state["tokens_seen"]), "options": job["options"]}
+    (dest / SNAPSHOT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def portable_path(path: Path | str) -> str:
     """A cache path as ``$SPECBENCH_CACHE/...`` (the same on every machine); any other path unchanged."""
     from specbench.fetch import CACHE_ENV, cache_root
