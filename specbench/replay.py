@@ -160,30 +160,8 @@ def _cost(costs: dict[int, float], n: int) -> float:
 
 def replay_ngram(drafter, ref: Ref) -> tuple[int, list[int], float]:
     """(steps, tree sizes, proposal seconds) of ``drafter`` on ``ref`` under greedy verification."""
-    drafter.reset(Sampling())
-    out = ref.output
-    new = list(ref.prompt)
-    pos = len(ref.prompt) - 1
-    i = 0
-    sizes = []
-    draft_s = 0.0
-    while i < len(out):
-        t0 = time.perf_counter()
-        tree = drafter.propose(DraftContext(tokens=torch.tensor(new), features=None, pos=pos, accepted_nodes=None))
-        draft_s += time.perf_counter() - t0
-        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-        children: dict[int, dict[int, int]] = {}
-        for node in range(1, len(tokens)):
-            children.setdefault(parents[node], {})[tokens[node]] = node
-        node, acc = 0, 0
-        while i + acc < len(out) - 1 and out[i + acc] in children.get(node, {}):
-            node = children[node][out[i + acc]]
-            acc += 1
-        new = out[i : i + acc + 1]
-        i += acc + 1
-        pos += acc + 1
-        sizes.append(len(tokens))
-    return len(sizes), sizes, draft_s
+    steps = replay_drafter(drafter, ref, None)
+    return len(steps), [s.tree_size for s in steps], sum(s.draft_s for s in steps)
 
 
 def sweep_ngram(target: Target, refs: list[Ref], costs: dict[int, float], grid: list[dict]) -> list[dict]:
