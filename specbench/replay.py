@@ -477,7 +477,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("drafter", help="any drafter, replayed at --set/--vary settings; ngram or draft-model alone tunes its defaults")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="", help="draft-model: the draft LM (alias or directory)")
-    ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
+    ap.add_argument("--tasks", default=None, help=f"comma-separated (default {','.join(DEFAULT_TASKS)}); with --refs, "
+                    "only those files' rows of these tasks")
     ap.add_argument("--limit", type=int, default=10, help="prompts per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.argv = argv if argv is not None else __import__("sys").argv[1:]
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    tasks = [t.strip() for t in (args.tasks or ",".join(DEFAULT_TASKS)).split(",") if t.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
     tuning = args.drafter in ("ngram", "draft-model") and not (args.set or args.vary or args.refs)
@@ -577,6 +578,12 @@ def replay_main(args, tasks: list[str]) -> None:
     live = None
     if args.refs:
         refs, live = result_refs(args.refs)
+        if args.tasks:  # only the rows of the tasks asked for
+            keep = [k for k, r in enumerate(refs) if r.task in tasks]
+            if not keep:
+                raise UserError(f"the --refs files hold no row of --tasks {args.tasks} (they hold "
+                                f"{', '.join(sorted({r.task for r in refs}))})")
+            refs, live = [refs[k] for k in keep], live.iloc[keep].reset_index(drop=True)
         names = set(live["target"])
         if names != {args.target}:
             raise UserError(f"the --refs files were decoded by {', '.join(sorted(names))}, not --target {args.target}; "

@@ -252,6 +252,8 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     assert "live_rows_retraced" not in rows["3"]  # another budget: nothing to retrace
     assert rows["3"]["tree_size"] <= 3 and rows["6"]["tree_size"] <= 6
     assert "The reference files' own decoding: jetspec on humaneval" in capsys.readouterr().out
+    with pytest.raises(UserError, match="hold no row of --tasks mt-bench"):
+        replay.main(["jetspec", "--target", "tiny-llama", "--refs", str(parquet), "--tasks", "mt-bench", *opts])
     sampled = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "s"),
                                            "--drafter", "ar", "--temperature", "0.8", "--task", "humaneval", "--limit", "1",
                                            "--max-new-tokens", "4"])
