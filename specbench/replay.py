@@ -407,6 +407,7 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
     size, the drafter's mean propose time; with ``live`` (the references' own result rows), how many rows
     of a run with this very drafter, weights and options the replay retraced step for step."""
     from specbench.drafter import config_json
+    from specbench.report import accept_at_least
 
     cls = drafter_class(name)
     features: dict[tuple[int, ...], list[torch.Tensor | None]] = {}
@@ -418,6 +419,7 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
         if layers not in features:  # one teacher-forced forward per reference, shared by the settings
             features[layers] = [teacher_features(target, r.prompt + r.output, layers) for r in refs]
         per_task: dict[str, list] = {}
+        accepted: list[int] = []
         same = compared = 0
         mine = json.loads(config_json(config))
         for k, ref in enumerate(refs):
@@ -427,6 +429,7 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
             t[1] += len(steps)
             t[2] += sum(s.tree_size for s in steps)
             t[3] += sum(s.draft_s for s in steps)
+            accepted += [s.accepted for s in steps]
             if live is not None and _same_run(live.iloc[k], name, drafter, mine):
                 compared += 1
                 same += [s.accepted for s in steps][:-1] == [int(a) for a in live.iloc[k]["accepted_per_step"]][:-1]
@@ -435,6 +438,9 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
             row[f"tau_{task}"] = tokens / n
         tokens, n, nodes, draft_s = (sum(t[j] for t in per_task.values()) for j in range(4))
         row.update(tau=tokens / n, steps=n, tree_size=nodes / n, draft_ms_per_step=1e3 * draft_s / n)
+        # P(acc >= d) in %, d = 1 up to the deepest accepted depth (at most 8), as `compare` shows it
+        at_least = accept_at_least(pd.DataFrame({"accepted_per_step": [accepted]}), min(8, max([1, *accepted])))
+        row["p_acc_ge_d"] = "/".join(f"{100 * x:.0f}" for x in at_least)
         if compared:
             row["live_rows_retraced"] = f"{same}/{compared}"
         rows.append(row)
@@ -599,7 +605,7 @@ def replay_main(args, tasks: list[str]) -> None:
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
     cmd = "python -m specbench.replay " + " ".join(args.argv)
     seen = list(dict.fromkeys(r.task for r in refs))
-    keys = [*grid[0], "tau", *(f"tau_{t}" for t in seen), "tree_size", "draft_ms_per_step", "steps"]
+    keys = [*grid[0], "tau", *(f"tau_{t}" for t in seen), "p_acc_ge_d", "tree_size", "draft_ms_per_step", "steps"]
     if any("live_rows_retraced" in r for r in rows):
         keys.append("live_rows_retraced")
     lines = [f"# Replaying `{args.drafter}` on {args.target}", "", f"`{cmd}`", "",

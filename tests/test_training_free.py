@@ -249,6 +249,10 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     live = read_results([parquet])
     assert rows["6"]["live_rows_retraced"] == f"{len(live)}/{len(live)}"
     assert rows["6"]["tau"] == pytest.approx(live["n_new_tokens"].sum() / live["n_steps"].sum())
+    from specbench.report import accept_at_least
+
+    at_least = accept_at_least(live)  # the live steps' P(acc >= d): the replay took the same steps
+    assert rows["6"]["p_acc_ge_d"] == "/".join(f"{100 * x:.0f}" for x in at_least[:8])
     assert "live_rows_retraced" not in rows["3"]  # another budget: nothing to retrace
     assert rows["3"]["tree_size"] <= 3 and rows["6"]["tree_size"] <= 6
     assert "The reference files' own decoding: jetspec on humaneval" in capsys.readouterr().out
