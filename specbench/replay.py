@@ -402,10 +402,11 @@ def grid_of(vary: list[str]) -> list[dict[str, str]]:
 
 
 def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[str, str]], refs: list[Ref],
-                  live: pd.DataFrame | None = None) -> list[dict]:
+                  live: pd.DataFrame | None = None, progress=None) -> list[dict]:
     """One row per setting of ``grid`` (each on top of ``fixed``): tau per task and pooled, the mean tree
     size, the drafter's mean propose time; with ``live`` (the references' own result rows), how many rows
-    of a run with this very drafter, weights and options the replay retraced step for step."""
+    of a run with this very drafter, weights and options the replay retraced step for step. ``progress(done,
+    total, label)`` is called after each reference of each setting."""
     from specbench.drafter import config_json
     from specbench.report import accept_at_least
 
@@ -430,6 +431,8 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
             t[2] += sum(s.tree_size for s in steps)
             t[3] += sum(s.draft_s for s in steps)
             accepted += [s.accepted for s in steps]
+            if progress is not None:
+                progress(len(rows) * len(refs) + k + 1, len(grid) * len(refs), ", ".join(f"{a}={b}" for a, b in opts.items()))
             if live is not None and _same_run(live.iloc[k], name, drafter, mine):
                 compared += 1
                 same += [s.accepted for s in steps][:-1] == [int(a) for a in live.iloc[k]["accepted_per_step"]][:-1]
@@ -601,7 +604,17 @@ def replay_main(args, tasks: list[str]) -> None:
                           None if args.no_cache else cache_root() / "replay", batch)
     if not refs:
         raise UserError("no prompts selected")
-    rows = sweep_drafter(target, args.drafter, list(args.set), grid, refs, live)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specbench.progress import LoggedProgress
+
+    with LoggedProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=Console(stderr=True), transient=True) as bar:
+        job = bar.add_task(f"replay {args.drafter}", total=len(grid) * len(refs), label="")
+        rows = sweep_drafter(target, args.drafter, list(args.set), grid, refs, live,
+                             lambda done, total, label: bar.update(job, completed=done, total=total, label=label))
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
     cmd = "python -m specbench.replay " + " ".join(args.argv)
     seen = list(dict.fromkeys(r.task for r in refs))
