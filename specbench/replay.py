@@ -338,7 +338,7 @@ def teacher_features(target: Target, seq: list[int], layers: tuple[int, ...]) ->
     return target.prefill(torch.tensor(seq[:-1]), layers)
 
 
-def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None) -> list[ReplayStep]:
+def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None, device: torch.device | str = "cpu") -> list[ReplayStep]:
     """The steps greedy decoding of ``ref.prompt`` takes with ``drafter``, the target's verify forward
     replaced by ``ref.output`` (its greedy output, so a draft is accepted exactly when it is the
     reference token) and its feature rows by ``features`` (:func:`teacher_features` of prompt + output).
@@ -346,12 +346,14 @@ def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None) -> list[Rep
     The drafter gets the contexts :func:`specbench.decode.generate` gives it: the prompt with its rows
     first, then each step's accepted drafts and bonus token with the rows of the root and the accepted
     nodes, and the accepted node ids. The last step may accept fewer than decoding does: the replay
-    keeps the last reference token as a bonus (nothing is known past it)."""
+    keeps the last reference token as a bonus (nothing is known past it). ``device``: the target's, where
+    decoding keeps the committed tokens."""
     out = ref.output
     p0 = len(ref.prompt)
     rows = (lambda a, b: None) if features is None else (lambda a, b: features[a:b])
     drafter.reset(Sampling())
-    ctx = DraftContext(tokens=torch.tensor(ref.prompt), features=rows(0, p0 - 1), pos=p0 - 1, accepted_nodes=None)
+    ctx = DraftContext(tokens=torch.tensor(ref.prompt, device=device), features=rows(0, p0 - 1), pos=p0 - 1,
+                       accepted_nodes=None)
     steps: list[ReplayStep] = []
     i = 0  # output tokens committed
     while i < len(out):
@@ -367,8 +369,8 @@ def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None) -> list[Rep
             path.append(children[path[-1]][out[i + len(path) - 1]])
         acc = len(path) - 1
         pos = ctx.pos
-        ctx = DraftContext(tokens=torch.tensor(out[i : i + acc + 1]), features=rows(pos, pos + acc + 1),
-                           pos=pos + acc + 1, accepted_nodes=torch.tensor(path))
+        ctx = DraftContext(tokens=torch.tensor(out[i : i + acc + 1], device=device), features=rows(pos, pos + acc + 1),
+                           pos=pos + acc + 1, accepted_nodes=torch.tensor(path, device=device))
         steps.append(ReplayStep(len(tokens), acc, draft_s))
         i += acc + 1
     return steps
@@ -424,7 +426,7 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
         same = compared = 0
         mine = json.loads(config_json(config))
         for k, ref in enumerate(refs):
-            steps = replay_drafter(drafter, ref, features[layers][k])
+            steps = replay_drafter(drafter, ref, features[layers][k], target.device)
             t = per_task.setdefault(ref.task, [0, 0, 0, 0.0])
             t[0] += len(ref.output)
             t[1] += len(steps)
@@ -504,7 +506,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a 3-setting ngram grid (tests)")
     ap.add_argument("--refs-only", action="store_true", help="only generate (and cache) the reference outputs")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write cached reference outputs")
-    ap.add_argument("--out", type=Path, default=None, help="markdown report (default reports/replay_<drafter>_<target>.md)")
+    ap.add_argument("--out", type=Path, default=None, help="markdown report, and its .json (tuning: default "
+                    "reports/replay_<drafter>_<target>.md; a replay writes one only when given)")
     args = ap.parse_args(argv)
     args.argv = argv if argv is not None else __import__("sys").argv[1:]
 
