@@ -53,6 +53,7 @@ from specbench.tasks import load_task, render_chat, select
 from specbench.tree import chain
 
 DEFAULT_TASKS = ("humaneval", "mbpp", "gsm8k", "mt-bench")
+DEFAULT_TARGET = "smollm2-135m"
 METRICS = {"tau", "drafts_per_step", "draft_ms_per_step", "draft_share", "speedup", "speedup_geomean"}
 
 
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafter", help="any drafter, replayed at --set/--vary settings; ngram or draft-model alone tunes its defaults")
-    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--target", default=None, help="default smollm2-135m, or the one the --refs files name")
     ap.add_argument("--draft", default="", help="draft-model: the draft LM (alias or directory)")
     ap.add_argument("--tasks", default=None, help=f"comma-separated (default {','.join(DEFAULT_TASKS)}); with --refs, "
                     "only those files' rows of these tasks")
@@ -517,6 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     tuning = args.drafter in ("ngram", "draft-model") and not (args.set or args.vary or args.refs)
     if not tuning:
         return replay_main(args, tasks)
+    args.target = args.target or DEFAULT_TARGET
     args.batch = 10 if args.batch is None else args.batch
     target = load_target(args.target)
     refs = references(target, tasks, args.limit, args.seed, args.max_new_tokens, None if args.no_cache else cache_root() / "replay",
@@ -597,9 +599,12 @@ def replay_main(args, tasks: list[str]) -> None:
                                 f"{', '.join(sorted({r.task for r in refs}))})")
             refs, live = [refs[k] for k in keep], live.iloc[keep].reset_index(drop=True)
         names = set(live["target"])
+        if args.target is None and len(names) == 1:  # the target that decoded them
+            args.target = next(iter(names))
         if names != {args.target}:
             raise UserError(f"the --refs files were decoded by {', '.join(sorted(names))}, not --target {args.target}; "
                             "give the target they name")
+    args.target = args.target or DEFAULT_TARGET
     target = load_target(args.target)
     if not args.refs:
         batch = 1 if args.batch is None else args.batch

@@ -244,7 +244,8 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     assert run.exit_code == 0, run.output
     (parquet,) = [f for f in (tmp_path / "r").glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     out = tmp_path / "replay.md"
-    replay.main(["jetspec", "--target", "tiny-llama", "--refs", str(parquet), *opts, "--vary", "budget=6,3", "--out", str(out)])
+    # no --target: the one the files name
+    replay.main(["jetspec", "--refs", str(parquet), *opts, "--vary", "budget=6,3", "--out", str(out)])
     rows = {r["budget"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
     live = read_results([parquet])
     assert rows["6"]["live_rows_retraced"] == f"{len(live)}/{len(live)}"
@@ -256,6 +257,8 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     assert "live_rows_retraced" not in rows["3"]  # another budget: nothing to retrace
     assert rows["3"]["tree_size"] <= 3 and rows["6"]["tree_size"] <= 6
     assert "The reference files' own decoding: jetspec on humaneval" in capsys.readouterr().out
+    with pytest.raises(UserError, match="decoded by tiny-llama, not --target tiny-qwen3"):
+        replay.main(["jetspec", "--target", "tiny-qwen3", "--refs", str(parquet), *opts])
     with pytest.raises(UserError, match="hold no row of --tasks mt-bench"):
         replay.main(["jetspec", "--target", "tiny-llama", "--refs", str(parquet), "--tasks", "mt-bench", *opts])
     sampled = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "s"),
