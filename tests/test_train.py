@@ -408,13 +408,13 @@ def assert_snapshot_is_the_checkpoint(run: Path, dest: Path, target) -> None:
     from specbench.errors import UserError
     from specbench.train.pipeline import snapshot
 
-    record = snapshot(run, dest, target)
+    record = snapshot(run, dest, lambda name: target)
     assert record["step"] == json.loads((run / "training.json").read_text())["steps"]
     shipped, snap = load_file(run / "model.safetensors"), load_file(dest / "model.safetensors")
     assert shipped.keys() == snap.keys() and all(torch.equal(shipped[k], snap[k]) for k in shipped)
     assert json.loads((dest / "config.json").read_text()) == json.loads((run / "config.json").read_text())
     with pytest.raises(UserError, match="no readable training.json"):
-        snapshot(dest, dest / "again", target)
+        snapshot(dest, dest / "again", lambda name: target)
 
 
 def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, wide_console):

@@ -323,21 +323,20 @@ def _run(job: TrainJob, training, recipe, load_target, progress, stop_after, com
 SNAPSHOT_FILE = "snapshot.json"
 
 
-def snapshot(run_dir: Path, dest: Path, target) -> dict:
+def snapshot(run_dir: Path, dest: Path, load_target: Callable[[str], Any]) -> dict:
     """Write the weights of ``run_dir``'s last saved state (``trainer_state.pt``, written every
     ``save_every`` steps) into ``dest`` in the family's checkpoint layout, so an unfinished run can be
-    decoded or replayed like a finished one; ``dest/snapshot.json`` says which step. ``target`` is the
-    run's target (it gives the module's shapes). Returns that record."""
+    decoded or replayed like a finished one; ``dest/snapshot.json`` says which step. ``load_target(name)``
+    loads the run's target (it gives the module's shapes), once the job file is read. Returns that record."""
     from specbench.train.trainer import STATE_FILE
 
     try:
         job = json.loads((run_dir / JOB_FILE).read_text())["job"]
     except (OSError, json.JSONDecodeError, KeyError):
         raise UserError(f"'{run_dir}' holds no readable {JOB_FILE}; give the --out folder of a `specbench train` run") from None
-    if job["target"] != target.name:
-        raise UserError(f"'{run_dir}' trains for {job['target']}, not {target.name}; load that target")
     if not (run_dir / STATE_FILE).exists():
         raise UserError(f"'{run_dir}' has no {STATE_FILE} yet (it is written every save_every steps); try again later")
+    target = load_target(job["target"])
     training = trainer_of(job["drafter"])
     recipe = parse_config(training.Recipe, list(job["options"]))
     state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=False)
