@@ -19,10 +19,12 @@ rows taken from one teacher-forced forward over prompt + reference, and a draft 
 exactly when it is the reference token. That is greedy verification whenever the reference is the
 target's greedy output, so tau comes out as decoding measures it without the target's verify forward
 (the conformance suite checks step-for-step equality for every registered drafter). Against a
-run's own result files (``--refs``) it also says how many rows it retraced step for step:
+run's own result files (``--refs``) it also says how many rows it retraced step for step, and
+``--hardware PROFILE`` prices the replayed steps on a cost profile as ``compare --hardware`` prices a run:
 
     python -m specbench.replay jetspec --refs results/jetspec-64-math500.parquet \
-        --set path=drafters/checkpoints/jetspec-smollm2-135m-r200k-g1-e7-v8k --vary budget=16,32,64 --vary width=4,7
+        --set path=drafters/checkpoints/jetspec-smollm2-135m-r200k-g1-e7-v8k --vary budget=16,32,64 --vary width=4,7 \
+        --hardware h100-sxm:engine
 
 Time per step of the tuning modes comes from a cost profile measured in the same process, interleaved: the target's
 forward of n tokens (``T_t(n)``, the verify of an n-node chain) and, for draft-model, the draft LM's
@@ -329,6 +331,7 @@ class ReplayStep:
     tree_size: int  # nodes including the root
     accepted: int  # drafts on the path the reference output takes through the tree
     draft_s: float  # the drafter's propose() call
+    forwards: int = 0  # drafter forwards the tree took (``DraftTree.n_forwards``), as a run logs them
 
 
 def teacher_features(target: Target, seq: list[int], layers: tuple[int, ...]) -> torch.Tensor | None:
@@ -372,7 +375,7 @@ def replay_drafter(drafter, ref: Ref, features: torch.Tensor | None, device: tor
         pos = ctx.pos
         ctx = DraftContext(tokens=torch.tensor(out[i : i + acc + 1], device=device), features=rows(pos, pos + acc + 1),
                            pos=pos + acc + 1, accepted_nodes=torch.tensor(path, device=device))
-        steps.append(ReplayStep(len(tokens), acc, draft_s))
+        steps.append(ReplayStep(len(tokens), acc, draft_s, int(tree.n_forwards)))
         i += acc + 1
     return steps
 
@@ -405,11 +408,17 @@ def grid_of(vary: list[str]) -> list[dict[str, str]]:
 
 
 def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[str, str]], refs: list[Ref],
-                  live: pd.DataFrame | None = None, progress=None) -> list[dict]:
+                  live: pd.DataFrame | None = None, progress=None, hardware: tuple[str, ...] = (),
+                  as_target: str | None = None) -> list[dict]:
     """One row per setting of ``grid`` (each on top of ``fixed``): tau per task and pooled, the mean tree
     size, the drafter's mean propose time; with ``live`` (the references' own result rows), how many rows
     of a run with this very drafter, weights and options the replay retraced step for step. ``progress(done,
-    total, label)`` is called after each reference of each setting."""
+    total, label)`` is called after each reference of each setting.
+
+    With ``hardware`` (profile names, see ``specbench hardware``), each row also gets
+    ``speedup_<profile>``: the decode speedup :func:`specbench.hardware.project.project_rows` projects
+    for the replayed steps, exactly as ``compare --hardware`` prices a run's logged steps (ratio of sums;
+    NaN where the drafter's shape is unknown). ``as_target``: price them as if the target had that shape."""
     from specbench.drafter import config_json
     from specbench.report import accept_at_least
 
@@ -426,8 +435,11 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
         accepted: list[int] = []
         same = compared = 0
         mine = json.loads(config_json(config))
+        logged = []  # result-row fields of each replayed reference, for the projection
         for k, ref in enumerate(refs):
             steps = replay_drafter(drafter, ref, features[layers][k], target.device)
+            if hardware:
+                logged.append(_as_result_row(target, name, config_json(config), drafter, ref, steps))
             t = per_task.setdefault(ref.task, [0, 0, 0, 0.0])
             t[0] += len(ref.output)
             t[1] += len(steps)
@@ -449,8 +461,24 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
         row["p_acc_ge_d"] = "/".join(f"{100 * x:.0f}" for x in at_least)
         if compared:
             row["live_rows_retraced"] = f"{same}/{compared}"
+        if hardware:
+            from specbench.hardware.project import project_rows
+
+            frame = pd.DataFrame.from_records(logged)
+            for profile in hardware:
+                row[f"speedup_{profile}"] = project_rows(frame, profile, as_target).speedup_sum
         rows.append(row)
     return rows
+
+
+def _as_result_row(target: Target, name: str, config: str, drafter, ref: Ref, steps: list[ReplayStep]) -> dict:
+    """The fields of a result row (:mod:`specbench.results`) the hardware projection reads, for replayed ``steps``."""
+    ckpt = drafter.checkpoint
+    return {"target": target.name, "drafter": name, "drafter_config": config,
+            "checkpoint_path": None if ckpt is None else ckpt.path, "prompt_ids": ref.prompt,
+            "n_new_tokens": len(ref.output), "n_steps": len(steps),
+            "tree_size_per_step": [s.tree_size for s in steps], "accepted_per_step": [s.accepted for s in steps],
+            "drafter_forwards_per_step": [s.forwards for s in steps]}
 
 
 def _same_run(live_row, name: str, drafter, mine: dict) -> bool:
@@ -503,6 +531,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="a drafter option to replay at each value; several --vary make a grid")
     ap.add_argument("--refs", nargs="+", type=Path, default=[], metavar="FILE",
                     help="replay against these result files' prompts and greedy outputs instead of generating references")
+    ap.add_argument("--hardware", action="append", default=[], metavar="PROFILE",
+                    help="replay: also project each setting's decode speedup onto this profile, as compare --hardware "
+                    "does (repeatable; see `specbench hardware`)")
+    ap.add_argument("--as-target", default=None, metavar="CONFIG",
+                    help="with --hardware: price the steps as if the target had this shape (bundled name or config.json)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); 1 is steadier on a busy machine")
     ap.add_argument("--quick", action="store_true", help="a 3-setting ngram grid (tests)")
     ap.add_argument("--refs-only", action="store_true", help="only generate (and cache) the reference outputs")
@@ -515,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [t.strip() for t in (args.tasks or ",".join(DEFAULT_TASKS)).split(",") if t.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
-    tuning = args.drafter in ("ngram", "draft-model") and not (args.set or args.vary or args.refs)
+    tuning = args.drafter in ("ngram", "draft-model") and not (args.set or args.vary or args.refs or args.hardware)
     if not tuning:
         return replay_main(args, tasks)
     args.target = args.target or DEFAULT_TARGET
@@ -587,6 +620,16 @@ def replay_main(args, tasks: list[str]) -> None:
 
     cls = drafter_class(args.drafter)  # an unknown name: one line, before any model loads
     grid = grid_of(args.vary) or [{}]
+    if args.as_target is not None and not args.hardware:
+        raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
+    if args.hardware:
+        from specbench.hardware.analytic import load_config
+        from specbench.hardware.profiles import get_profile
+
+        for name in args.hardware:
+            get_profile(name)  # an unknown profile: one line, before any model loads
+        if args.as_target is not None:
+            load_config(args.as_target)
     for opts in grid:  # every setting parses before the first replay
         parse_config(cls.Config, args.set + [f"{k}={v}" for k, v in opts.items()])
     live = None
@@ -622,11 +665,13 @@ def replay_main(args, tasks: list[str]) -> None:
                         console=Console(stderr=True), transient=True) as bar:
         job = bar.add_task(f"replay {args.drafter}", total=len(grid) * len(refs), label="")
         rows = sweep_drafter(target, args.drafter, list(args.set), grid, refs, live,
-                             lambda done, total, label: bar.update(job, completed=done, total=total, label=label))
+                             lambda done, total, label: bar.update(job, completed=done, total=total, label=label),
+                             tuple(args.hardware), args.as_target)
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
     cmd = "python -m specbench.replay " + " ".join(args.argv)
     seen = list(dict.fromkeys(r.task for r in refs))
     keys = [*grid[0], "tau", *(f"tau_{t}" for t in seen), "p_acc_ge_d", "tree_size", "draft_ms_per_step", "steps"]
+    keys += [f"speedup_{h}" for h in args.hardware]
     if any("live_rows_retraced" in r for r in rows):
         keys.append("live_rows_retraced")
     lines = [f"# Replaying `{args.drafter}` on {args.target}", "", f"`{cmd}`", "",
@@ -635,6 +680,11 @@ def replay_main(args, tasks: list[str]) -> None:
              f"output tokens), {'from ' + ', '.join(map(str, args.refs)) if args.refs else 'generated greedily'}. "
              "tau is replayed (greedy: a draft counts when it is the reference token), not timed; draft ms is the "
              f"drafter's own propose() on {env['cpu_model']}, {env['threads']} threads, {env['device']} {env['dtype']}.", ""]
+    if args.hardware:
+        shape = f" as if the target were {args.as_target}" if args.as_target else ""
+        lines += [f"speedup_<profile>: decode speedup over AR projected{shape} from the replayed steps by the cost model "
+                  "of that hardware profile (`specbench hardware`), as `compare --hardware` prices a run; projected, "
+                  "not measured.", ""]
     if live is not None and (live["drafter"] != "ar").any():
         lines += ["The reference files' own decoding: " + ", ".join(
             f"{d} on {t}: tau {v:.3f}" for d, sub in live.groupby("drafter") for t, v in live_taus(sub).items()) + ".", ""]

@@ -5,6 +5,7 @@ timing assertions: the machine is shared)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -237,7 +238,12 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     from specbench import cli
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    opts = ["--set", "path=random", "--set", "block_size=8", "--set", "width=3"]
+    from drafters.block.checkpoint import save_block
+
+    cls = drafter_class("jetspec")  # a checkpoint folder, so the hardware projection knows the head's shape
+    head = cls(load_target("tiny-llama"), parse_config(cls.Config, ["path=random", "block_size=8"]))
+    save_block(head.model, tmp_path / "head", "jetspec")
+    opts = ["--set", f"path={tmp_path / 'head'}", "--set", "width=3"]
     run = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "r"),
                                        "--drafter", "jetspec", *opts, "--set", "budget=6", "--task", "humaneval",
                                        "--limit", "2", "--max-new-tokens", "12"])
@@ -245,11 +251,25 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     (parquet,) = [f for f in (tmp_path / "r").glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
     out = tmp_path / "replay.md"
     # no --target: the one the files name
-    replay.main(["jetspec", "--refs", str(parquet), *opts, "--vary", "budget=6,3", "--out", str(out)])
+    h100 = "h100-sxm:engine"
+    replay.main(["jetspec", "--refs", str(parquet), *opts, "--vary", "budget=6,3", "--hardware", h100,
+                 "--hardware", "a100:hf-eager", "--out", str(out)])
     rows = {r["budget"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
     live = read_results([parquet])
     assert rows["6"]["live_rows_retraced"] == f"{len(live)}/{len(live)}"
     assert rows["6"]["tau"] == pytest.approx(live["n_new_tokens"].sum() / live["n_steps"].sum())
+    # the replayed steps are priced as compare --hardware prices the run's own logged steps
+    from specbench.hardware.project import project_rows
+
+    for profile in (h100, "a100:hf-eager"):
+        priced = project_rows(live, profile).speedup_sum
+        assert math.isfinite(priced) and rows["6"][f"speedup_{profile}"] == pytest.approx(priced, rel=1e-9)
+    what_if = tmp_path / "what-if.md"
+    replay.main(["jetspec", "--refs", str(parquet), *opts, "--set", "budget=6", "--hardware", h100,
+                 "--as-target", "qwen3-8b", "--out", str(what_if)])
+    (big,) = json.loads(what_if.with_suffix(".json").read_text())["rows"]
+    assert big[f"speedup_{h100}"] == pytest.approx(project_rows(live, h100, "qwen3-8b").speedup_sum, rel=1e-9)
+    assert "as if the target were qwen3-8b" in what_if.read_text()
     from specbench.report import accept_at_least
 
     at_least = accept_at_least(live)  # the live steps' P(acc >= d): the replay took the same steps
@@ -273,6 +293,9 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     (["jetspec", "--vary", "budget"], "--vary expects key=v1,v2"),
     (["nosuch", "--vary", "budget=4"], "unknown drafter 'nosuch'"),
     (["jetspec", "--vary", "bugdet=4"], "unknown --set key 'bugdet'"),
+    (["jetspec", "--hardware", "h900"], "unknown hardware profile 'h900'"),
+    (["jetspec", "--as-target", "qwen3-8b"], "--as-target needs --hardware"),
+    (["jetspec", "--hardware", "h100-sxm:engine", "--as-target", "no-such-model"], "no-such-model"),
 ])
 def test_replay_refuses_bad_input_before_loading_a_model(argv, words):
     with pytest.raises(UserError, match=words):
