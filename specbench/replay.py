@@ -679,11 +679,12 @@ def replay_main(args, tasks: list[str]) -> None:
              f"({', '.join(f'{t} {sum(r.task == t for r in refs)}' for t in seen)}; {sum(len(r.output) for r in refs)} "
              f"output tokens), {'from ' + ', '.join(map(str, args.refs)) if args.refs else 'generated greedily'}. "
              "tau is replayed (greedy: a draft counts when it is the reference token), not timed; draft ms is the "
-             f"drafter's own propose() on {env['cpu_model']}, {env['threads']} threads, {env['device']} {env['dtype']}.", ""]
+             f"drafter's own propose() on {env['cpu_model']}, {env['threads']} thread{'s' * (env['threads'] != 1)}, "
+             f"{env['device']} {env['dtype']}.", ""]
     if args.hardware:
-        shape = f" as if the target were {args.as_target}" if args.as_target else ""
-        lines += [f"speedup_<profile>: decode speedup over AR projected{shape} from the replayed steps by the cost model "
-                  "of that hardware profile (`specbench hardware`), as `compare --hardware` prices a run; projected, "
+        shape = f", as if the target had {args.as_target}'s shape" if args.as_target else ""
+        lines += ["speedup_<profile>: decode speedup over AR projected from the replayed steps by the cost model of that "
+                  f"hardware profile (`specbench hardware`){shape}, as `compare --hardware` prices a run; projected, "
                   "not measured.", ""]
     if live is not None and (live["drafter"] != "ar").any():
         lines += ["The reference files' own decoding: " + ", ".join(
