@@ -418,7 +418,7 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
     With ``hardware`` (profile names, see ``specbench hardware``), each row also gets
     ``speedup_<profile>``: the decode speedup :func:`specbench.hardware.project.project_rows` projects
     for the replayed steps, exactly as ``compare --hardware`` prices a run's logged steps (ratio of sums;
-    NaN where the drafter's shape is unknown). ``as_target``: price them as if the target had that shape."""
+    NaN where the drafter's shape is unknown), and with several tasks ``speedup_<profile>_<task>`` for each. ``as_target``: price them as if the target had that shape."""
     from specbench.drafter import config_json
     from specbench.report import accept_at_least
 
@@ -464,9 +464,12 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
         if hardware:
             from specbench.hardware.project import project_rows
 
-            frame = pd.DataFrame.from_records(logged)
+            frame = pd.DataFrame.from_records(logged).assign(task=[r.task for r in refs])
             for profile in hardware:
                 row[f"speedup_{profile}"] = project_rows(frame, profile, as_target).speedup_sum
+                if len(per_task) > 1:  # per task too (the .json; the table shows the pooled one)
+                    for task, sub in frame.groupby("task", sort=False):
+                        row[f"speedup_{profile}_{task}"] = project_rows(sub, profile, as_target).speedup_sum
         rows.append(row)
     return rows
 

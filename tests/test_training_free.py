@@ -270,6 +270,19 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     (big,) = json.loads(what_if.with_suffix(".json").read_text())["rows"]
     assert big[f"speedup_{h100}"] == pytest.approx(project_rows(live, h100, "qwen3-8b").speedup_sum, rel=1e-9)
     assert "as if the target had qwen3-8b's shape" in what_if.read_text()
+    assert not any(k.startswith(f"speedup_{h100}_") for k in big)  # one task: the pooled figure is the task's
+    more = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "g"),
+                                        "--drafter", "jetspec", *opts, "--set", "budget=6", "--task", "gsm8k",
+                                        "--limit", "1", "--max-new-tokens", "12"])
+    assert more.exit_code == 0, more.output
+    (gsm8k,) = [f for f in (tmp_path / "g").glob("*.parquet") if not f.name.endswith(".ar-baseline.parquet")]
+    replay.main(["jetspec", "--refs", str(parquet), str(gsm8k), *opts, "--set", "budget=6", "--hardware", h100,
+                 "--out", str(what_if)])
+    (both,) = json.loads(what_if.with_suffix(".json").read_text())["rows"]
+    live = read_results([parquet, gsm8k])
+    for task in ("humaneval", "gsm8k"):  # each task's steps priced on their own, as compare prices a task's rows
+        assert both[f"speedup_{h100}_{task}"] == pytest.approx(project_rows(live[live["task"] == task], h100).speedup_sum, rel=1e-9)
+    assert both[f"speedup_{h100}"] == pytest.approx(project_rows(live, h100).speedup_sum, rel=1e-9)
     from specbench.report import accept_at_least
 
     at_least = accept_at_least(live)  # the live steps' P(acc >= d): the replay took the same steps
