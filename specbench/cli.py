@@ -624,6 +624,44 @@ def bench(
     benchmod.main(argv, prog="specbench bench")
 
 
+@app.command()
+def replay(
+    drafter: str = typer.Argument(..., help="any drafter (see `specbench drafters`); ngram or draft-model alone tunes its defaults"),
+    refs: List[Path] = typer.Argument(None, help="result files whose prompts and greedy outputs to replay against "
+                                      "(e.g. a sweep's AR baseline); default: generate them"),
+    set_: List[str] = typer.Option([], "--set", help="a drafter option every setting shares, key=value (repeatable)"),
+    vary: List[str] = typer.Option([], "--vary", help="a drafter option at each value, key=v1,v2 (repeatable: a grid)"),
+    target: Optional[str] = typer.Option(None, "--target", help="default smollm2-135m, or the one the result files name"),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated; with result files, only their rows of these"),
+    limit: int = typer.Option(10, "--limit", "-n", help="prompts per task, when generating references"),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    hardware: List[str] = typer.Option([], "--hardware", help="also project each setting's decode speedup onto this "
+                                       "profile (repeatable; see `specbench hardware`)"),
+    as_target: Optional[str] = typer.Option(None, "--as-target", help="with --hardware: price the steps as if the target "
+                                            "had this shape"),
+    draft: str = typer.Option("", "--draft", help="draft-model tuning: the draft LM"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default; 1 is steadier on a busy machine)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="markdown table, JSON beside it"),
+) -> None:
+    """Greedy decoding replayed against the target's outputs: tau (and projected speedups) of any drafter setting
+    without the target's verify forward. The tuning modes' own knobs: `python -m specbench.replay --help`."""
+    from specbench import replay as replaymod
+
+    argv = [drafter, "--limit", str(limit), "--seed", str(seed), "--max-new-tokens", str(max_new_tokens),
+            "--threads", str(threads)]
+    argv += [a for kv in set_ for a in ("--set", kv)]
+    argv += [a for kv in vary for a in ("--vary", kv)]
+    argv += [a for name in hardware for a in ("--hardware", name)]
+    for flag, value in (("--target", target), ("--tasks", tasks), ("--as-target", as_target), ("--draft", draft or None),
+                        ("--out", None if out is None else str(out))):
+        if value is not None:
+            argv += [flag, value]
+    if refs:
+        argv += ["--refs", *map(str, refs)]
+    replaymod.main(argv, prog="specbench replay")
+
+
 # ---------------------------------------------------------------------------- hardware profiles
 
 hardware_app = typer.Typer(cls=_Group, help="Hardware cost profiles: list them, print T_fwd(n), check the calibration.",

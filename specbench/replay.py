@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import shlex
 import statistics
 import time
 from dataclasses import dataclass
@@ -512,11 +513,11 @@ def _markdown(rows: list[dict], keys: list[str], sort: str, top: int | None = No
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m specbench.replay") -> None:
     from specbench.fetch import cache_root
     from specbench.results import env_fingerprint
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("drafter", help="any drafter, replayed at --set/--vary settings; ngram or draft-model alone tunes its defaults")
     ap.add_argument("--target", default=None, help="default smollm2-135m, or the one the --refs files name")
     ap.add_argument("--draft", default="", help="draft-model: the draft LM (alias or directory)")
@@ -547,6 +548,7 @@ def main(argv: list[str] | None = None) -> None:
                     "reports/replay_<drafter>_<target>.md; a replay writes one only when given)")
     args = ap.parse_args(argv)
     args.argv = argv if argv is not None else __import__("sys").argv[1:]
+    args.prog = prog
 
     tasks = [t.strip() for t in (args.tasks or ",".join(DEFAULT_TASKS)).split(",") if t.strip()]
     if args.threads:
@@ -567,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
     context = (refs[0].prompt + refs[0].output) * (1 + (plen + args.max_new_tokens // 2) // max(1, len(refs[0].prompt) + len(refs[0].output)))
     context = context[: plen + args.max_new_tokens // 2]
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
-    cmd = "python -m specbench.replay " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    cmd = f"{prog} " + " ".join(shlex.quote(a) for a in args.argv)
     head = [f"# Tuning `{args.drafter}` on {args.target}", "", f"`{cmd}`", "",
             f"Machine: {env['cpu_model']}, {env['threads']} threads, {env['device']} {env['dtype']}, torch {env['torch_version']}, "
             f"transformers {env['transformers_version']}, specbench {env['specbench_sha']}. The CPU was shared with other "
@@ -671,7 +673,7 @@ def replay_main(args, tasks: list[str]) -> None:
                              lambda done, total, label: bar.update(job, completed=done, total=total, label=label),
                              tuple(args.hardware), args.as_target)
     env = env_fingerprint(target.device.type, str(target.dtype).removeprefix("torch."))
-    cmd = "python -m specbench.replay " + " ".join(args.argv)
+    cmd = f"{args.prog} " + " ".join(shlex.quote(a) for a in args.argv)
     seen = list(dict.fromkeys(r.task for r in refs))
     keys = [*grid[0], "tau", *(f"tau_{t}" for t in seen), "p_acc_ge_d", "tree_size", "draft_ms_per_step", "steps"]
     keys += [f"speedup_{h}" for h in args.hardware]

@@ -471,7 +471,7 @@ def test_run_help():
 
 
 COMMANDS = ["run", "compare", "plot", "train", "train-sets", "targets", "tasks", "drafters", "sweep", "tune", "bench",
-            "profile", "export", "report"]
+            "replay", "profile", "export", "report"]
 HARDWARE = ["latency", "calibrate", "overhead"]  # `specbench hardware ...`
 
 

@@ -264,9 +264,11 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     for profile in (h100, "a100:hf-eager"):
         priced = project_rows(live, profile).speedup_sum
         assert math.isfinite(priced) and rows["6"][f"speedup_{profile}"] == pytest.approx(priced, rel=1e-9)
-    what_if = tmp_path / "what-if.md"
-    replay.main(["jetspec", "--refs", str(parquet), *opts, "--set", "budget=6", "--hardware", h100,
-                 "--as-target", "qwen3-8b", "--out", str(what_if)])
+    what_if = tmp_path / "what-if.md"  # through `specbench replay`, the files as arguments
+    done = invoke("replay", "jetspec", parquet, *opts, "--set", "budget=6", "--hardware", h100, "--as-target", "qwen3-8b",
+                  "--out", what_if)
+    assert done.exit_code == 0, done.output
+    assert json.loads(what_if.with_suffix(".json").read_text())["command"].startswith("specbench replay jetspec --limit 10")
     (big,) = json.loads(what_if.with_suffix(".json").read_text())["rows"]
     assert big[f"speedup_{h100}"] == pytest.approx(project_rows(live, h100, "qwen3-8b").speedup_sum, rel=1e-9)
     assert "as if the target had qwen3-8b's shape" in what_if.read_text()
@@ -313,3 +315,4 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
 def test_replay_refuses_bad_input_before_loading_a_model(argv, words):
     with pytest.raises(UserError, match=words):
         replay.main(argv)
+    assert words in one_error_line(invoke("replay", *argv))  # `specbench replay`: one line, exit 2
