@@ -627,8 +627,8 @@ def bench(
 @app.command()
 def replay(
     drafter: str = typer.Argument(..., help="any drafter (see `specbench drafters`); ngram or draft-model alone tunes its defaults"),
-    refs: List[Path] = typer.Argument(None, help="result files whose prompts and greedy outputs to replay against "
-                                      "(e.g. a sweep's AR baseline); default: generate them"),
+    refs: List[str] = typer.Argument(None, help="result files or globs whose prompts and greedy outputs to replay "
+                                     "against (e.g. a sweep's AR baseline); default: generate them"),
     set_: List[str] = typer.Option([], "--set", help="a drafter option every setting shares, key=value (repeatable)"),
     vary: List[str] = typer.Option([], "--vary", help="a drafter option at each value, key=v1,v2 (repeatable: a grid)"),
     target: Optional[str] = typer.Option(None, "--target", help="default smollm2-135m, or the one the result files name"),
@@ -647,6 +647,7 @@ def replay(
     """Greedy decoding replayed against the target's outputs: tau (and projected speedups) of any drafter setting
     without the target's verify forward. The tuning modes' own knobs: `python -m specbench.replay --help`."""
     from specbench import replay as replaymod
+    from specbench import results
 
     argv = [drafter, "--limit", str(limit), "--seed", str(seed), "--max-new-tokens", str(max_new_tokens),
             "--threads", str(threads)]
@@ -658,7 +659,7 @@ def replay(
         if value is not None:
             argv += [flag, value]
     if refs:
-        argv += ["--refs", *map(str, refs)]
+        argv += ["--refs", *map(str, results.expand_globs(refs))]
     replaymod.main(argv, prog="specbench replay")
 
 

@@ -264,8 +264,8 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     for profile in (h100, "a100:hf-eager"):
         priced = project_rows(live, profile).speedup_sum
         assert math.isfinite(priced) and rows["6"][f"speedup_{profile}"] == pytest.approx(priced, rel=1e-9)
-    what_if = tmp_path / "what-if.md"  # through `specbench replay`, the files as arguments
-    done = invoke("replay", "jetspec", parquet, *opts, "--set", "budget=6", "--hardware", h100, "--as-target", "qwen3-8b",
+    what_if = tmp_path / "what-if.md"  # through `specbench replay`, the files as arguments (a glob, as compare takes)
+    done = invoke("replay", "jetspec", str(parquet).removesuffix("uet") + "*", *opts, "--set", "budget=6", "--hardware", h100, "--as-target", "qwen3-8b",
                   "--out", what_if)
     assert done.exit_code == 0, done.output
     assert json.loads(what_if.with_suffix(".json").read_text())["command"].startswith("specbench replay jetspec --limit 10")
