@@ -419,7 +419,8 @@ def sweep_drafter(target: Target, name: str, fixed: list[str], grid: list[dict[s
     With ``hardware`` (profile names, see ``specbench hardware``), each row also gets
     ``speedup_<profile>``: the decode speedup :func:`specbench.hardware.project.project_rows` projects
     for the replayed steps, exactly as ``compare --hardware`` prices a run's logged steps (ratio of sums;
-    NaN where the drafter's shape is unknown), and with several tasks ``speedup_<profile>_<task>`` for each. ``as_target``: price them as if the target had that shape."""
+    NaN where the drafter's shape is unknown), and with several tasks ``speedup_<profile>_<task>`` for
+    each. ``as_target``: price them as if the target had that shape."""
     from specbench.drafter import config_json
     from specbench.report import accept_at_least
 
@@ -691,6 +692,9 @@ def replay_main(args, tasks: list[str]) -> None:
         lines += ["speedup_<profile>: decode speedup over AR projected from the replayed steps by the cost model of that "
                   f"hardware profile (`specbench hardware`){shape}, as `compare --hardware` prices a run; projected, "
                   "not measured.", ""]
+        if any(r[f"speedup_{h}"] != r[f"speedup_{h}"] for r in rows for h in args.hardware):  # NaN
+            lines += ["nan: the drafter's shape is unknown (random weights, or a checkpoint folder without config.json), "
+                      "so its forwards cannot be priced.", ""]
     if live is not None and (live["drafter"] != "ar").any():
         lines += ["The reference files' own decoding: " + ", ".join(
             f"{d} on {t}: tau {v:.3f}" for d, sub in live.groupby("drafter") for t, v in live_taus(sub).items()) + ".", ""]

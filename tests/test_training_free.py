@@ -273,6 +273,11 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     assert big[f"speedup_{h100}"] == pytest.approx(project_rows(live, h100, "qwen3-8b").speedup_sum, rel=1e-9)
     assert "as if the target had qwen3-8b's shape" in what_if.read_text()
     assert not any(k.startswith(f"speedup_{h100}_") for k in big)  # one task: the pooled figure is the task's
+    # random weights have no config.json to price the head's forwards by: nan, said so, never a free drafter
+    replay.main(["jetspec", "--refs", str(parquet), "--set", "path=random", "--set", "block_size=8", "--hardware", h100,
+                 "--out", str(what_if)])
+    (unpriced,) = json.loads(what_if.with_suffix(".json").read_text())["rows"]
+    assert math.isnan(unpriced[f"speedup_{h100}"]) and "its forwards cannot be priced" in what_if.read_text()
     more = CliRunner().invoke(cli.app, ["run", "--target", "tiny-llama", "--no-warmup", "--results-dir", str(tmp_path / "g"),
                                         "--drafter", "jetspec", *opts, "--set", "budget=6", "--task", "gsm8k",
                                         "--limit", "1", "--max-new-tokens", "12"])
