@@ -507,7 +507,7 @@ def live_taus(df: pd.DataFrame) -> dict[str, float]:
 
 
 def _markdown(rows: list[dict], keys: list[str], sort: str, top: int | None = None) -> list[str]:
-    rows = sorted(rows, key=lambda r: -r[sort])[:top]
+    rows = sorted(rows, key=lambda r: (r[sort] != r[sort], -r[sort] if r[sort] == r[sort] else 0))[:top]  # NaN last
     out = ["| " + " | ".join(keys) + " |", "|" + "|".join("---:" for _ in keys) + "|"]
     for r in rows:
         out.append("| " + " | ".join(f"{r.get(k, ''):.3f}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys) + " |")
@@ -698,7 +698,9 @@ def replay_main(args, tasks: list[str]) -> None:
     if live is not None and (live["drafter"] != "ar").any():
         lines += ["The reference files' own decoding: " + ", ".join(
             f"{d} on {t}: tau {v:.3f}" for d, sub in live.groupby("drafter") for t, v in live_taus(sub).items()) + ".", ""]
-    lines += _markdown(rows, keys, "tau")
+    sort = f"speedup_{args.hardware[0]}" if args.hardware else "tau"  # the fastest on the GPU asked about first
+    lines += [f"Settings best first by {sort}.", ""] if len(rows) > 1 else []
+    lines += _markdown(rows, keys, sort)
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -261,6 +261,9 @@ def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_pat
     # the replayed steps are priced as compare --hardware prices the run's own logged steps
     from specbench.hardware.project import project_rows
 
+    table = [ln for ln in out.read_text().splitlines() if ln.startswith("| ") and not ln.startswith("| budget")]
+    assert "Settings best first by speedup_h100-sxm:engine." in out.read_text()  # the first profile orders the rows
+    assert [ln.split(" | ")[0].strip("| ") for ln in table] == sorted(rows, key=lambda b: -rows[b][f"speedup_{h100}"])
     for profile in (h100, "a100:hf-eager"):
         priced = project_rows(live, profile).speedup_sum
         assert math.isfinite(priced) and rows["6"][f"speedup_{profile}"] == pytest.approx(priced, rel=1e-9)
