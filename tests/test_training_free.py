@@ -230,6 +230,15 @@ def test_cost_profile_is_made_monotone():
     assert replay.monotone({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
 
 
+def test_replay_table_puts_the_best_setting_first_and_nan_last():
+    """The settings table is ordered by the sort column, largest first; an unpriced (nan) setting goes last."""
+    rows = [dict(budget=b, speedup=v) for b, v in ((16, 1.2), (32, float("nan")), (64, 1.5), (128, 0.9))]
+    table = replay._markdown(rows, ["budget", "speedup"], "speedup")
+    assert [ln.split(" | ")[0].strip("| ") for ln in table[2:]] == ["64", "16", "128", "32"]
+    assert table[2:4] == ["| 64 | 1.500 |", "| 16 | 1.200 |"] and table[-1] == "| 32 | nan |"
+    assert len(replay._markdown(rows, ["budget"], "speedup", top=2)) == 4  # header, rule, the best two
+
+
 def test_replay_of_a_learned_drafter_retraces_its_run_and_varies_options(tmp_path, monkeypatch, capsys):
     """``python -m specbench.replay DRAFTER --refs FILE`` replays a run's outputs: at the run's own options
     it retraces every row step for step (and says so); each ``--vary`` value gets a row."""
