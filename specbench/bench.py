@@ -34,6 +34,7 @@ import torch
 from specbench.decode import Generation, generate
 from specbench.drafter import Sampling, config_json, drafter_class, parse_config
 from specbench.errors import UserError
+from specbench.outputs import check_out_file, write_atomic
 from specbench.report import cpu_shared
 from specbench.results import env_fingerprint, load_average
 from specbench.targets import load_target
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
             raise UserError(f"unknown pair '{p}' in --pairs; choose from {', '.join(PAIRS)}")
     if "draft-model" in pairs and not args.draft:
         pairs.remove("draft-model")
+    out = args.out or Path(f"reports/bench_{args.target.replace('/', '_')}.md")
+    check_out_file(out)  # before the model loads, not after the run
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -224,10 +227,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
               "env": env, "load_before": load_before, "load_max": max((r["load_1min"] for r in per_prompt), default=None),
               "shared_machine_note": load_note(load_before, [r["load_1min"] for r in per_prompt], torch.get_num_threads()),
               "summary": summary, "per_prompt": per_prompt}
-    out = args.out or Path(f"reports/bench_{args.target.replace('/', '_')}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(report))
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    write_atomic(out, markdown(report))
+    write_atomic(out.with_suffix(".json"), json.dumps(report, indent=1))
     print_table(report)
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return report

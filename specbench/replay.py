@@ -51,6 +51,7 @@ import torch
 from specbench.decode import generate
 from specbench.drafter import DraftContext, Sampling, drafter_class, parse_config
 from specbench.errors import UserError
+from specbench.outputs import check_out_file, write_atomic
 from specbench.targets import Target, load_target
 from specbench.tasks import load_task, render_chat, select
 from specbench.tree import chain
@@ -559,6 +560,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.replay"
         return replay_main(args, tasks)
     args.target = args.target or DEFAULT_TARGET
     args.batch = 10 if args.batch is None else args.batch
+    out = args.out or Path(f"reports/replay_{args.drafter.replace('-', '_')}_{args.target}.md")
+    if not args.refs_only:
+        check_out_file(out)  # before the model loads, not after the tuning
     target = load_target(args.target)
     refs = references(target, tasks, args.limit, args.seed, args.max_new_tokens, None if args.no_cache else cache_root() / "replay",
                       args.batch)
@@ -612,10 +616,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.replay"
                     f"(tau {best['tau']:.2f}, predicted speedup {best['speedup']:.3f}).", "",
                     f"## All {len(rows)} settings, best first", ""]
     lines += _markdown(rows, [k for k in keys if any(k in r for r in rows)], "speedup")
-    out = args.out or Path(f"reports/replay_{args.drafter.replace('-', '_')}_{args.target}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(dict(command=cmd, env=env, profile_s=profile, rows=rows), indent=1))
+    write_atomic(out, "\n".join(lines) + "\n")
+    write_atomic(out.with_suffix(".json"), json.dumps(dict(command=cmd, env=env, profile_s=profile, rows=rows), indent=1))
     print("\n".join(lines[: len(head) + 12]))
 
 
@@ -626,6 +628,8 @@ def replay_main(args, tasks: list[str]) -> None:
 
     cls = drafter_class(args.drafter)  # an unknown name: one line, before any model loads
     grid = grid_of(args.vary) or [{}]
+    if args.out is not None:
+        check_out_file(args.out)
     if args.as_target is not None and not args.hardware:
         raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
     if args.hardware:
@@ -703,9 +707,8 @@ def replay_main(args, tasks: list[str]) -> None:
     lines += _markdown(rows, keys, sort)
     print("\n".join(lines))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps(dict(command=cmd, env=env, rows=rows), indent=1))
+        write_atomic(args.out, "\n".join(lines) + "\n")
+        write_atomic(args.out.with_suffix(".json"), json.dumps(dict(command=cmd, env=env, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

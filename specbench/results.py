@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench.errors import UserError
+from specbench.outputs import check_folder
 
 SCHEMA_VERSION = 1
 
@@ -253,7 +254,7 @@ class RunWriter:
     fully done or not done at all.
     """
 
-    def __init__(self, out_path: Path, resume: bool) -> None:
+    def __init__(self, out_path: Path, resume: bool, flag: str = "--out") -> None:
         self.out_path = Path(out_path)
         self.sidecar = self.out_path.with_name(self.out_path.name + ".partial.jsonl")
         self.rows: list[dict] = []
@@ -266,15 +267,7 @@ class RunWriter:
             )
         if self.out_path.is_dir():
             raise UserError(f"--out {self.out_path} is a folder; name a file ending in .parquet")
-        folder = self.out_path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".specbench-probe-"):
-                pass
-        except OSError as e:
-            raise UserError(
-                f"cannot write results to folder {folder} ({e.strerror or e}); choose another --out"
-            ) from None
+        check_folder(self.out_path.parent, flag, "results")  # ``flag``: the option that chose the folder
 
         if not resume:
             if self.out_path.exists():

@@ -264,7 +264,7 @@ def run(spec: RunSpec, load_target: Callable, progress: Callable | None = None) 
     prompts = validate(spec)
     check_checkpoint_exists(spec)
     out = Path(spec.out) if spec.out is not None else Path(spec.results_dir) / f"{default_run_id(spec)}.parquet"
-    writer = results.RunWriter(out, resume=spec.resume)
+    writer = results.RunWriter(out, resume=spec.resume, flag="--out" if spec.out is not None else "--results-dir")
 
     target = load_target(spec)
     if spec.compile:  # drafter and AR baseline alike run on the static, compiled target

@@ -395,7 +395,8 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "task-file-missing": (["--task-file", str(tmp / "nope.jsonl")], ("task file not found", "nope.jsonl")),
         "task-file-json": (["--task-file", str(bad_json)], ("bad.jsonl", "line 2", "not valid JSON")),
         "too-long": (["--task-file", str(long), "--max-new-tokens", "4"], ("huge", "4096", "context")),
-        "unwritable": ([*ok, "--out", str(plain / "run.parquet")], ("cannot write", "plain.txt")),
+        "unwritable": ([*ok, "--out", str(plain / "run.parquet")], ("cannot write", "plain.txt", "another --out")),
+        "unwritable-results-dir": ([*ok, "--results-dir", str(plain / "r")], ("cannot write", "plain.txt", "another --results-dir")),
         "out-folder": ([*ok, "--out", str(tmp / "dir.parquet")], ("dir.parquet", "is a folder")),
         "out-suffix": ([*ok, "--out", str(tmp / "res" / "run.csv")], (".parquet", "run.csv")),
         "drafter-path": ([*ok, "--drafter-path", str(tmp)], ("ngram", "loads no checkpoint", "--drafter-path")),
@@ -408,7 +409,7 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
 BAD_IDS = [
     "drafter", "task", "category", "target", "set-key", "set-value", "set-invalid", "max-new-tokens",
     "temperature", "top-p", "limit", "top-k", "device", "dtype", "out-folder", "task-file-missing",
-    "task-file-json", "too-long", "unwritable", "out-suffix", "drafter-path", "missing-checkpoint", "resume-no-out",
+    "task-file-json", "too-long", "unwritable", "unwritable-results-dir", "out-suffix", "drafter-path", "missing-checkpoint", "resume-no-out",
 ]
 
 

@@ -188,6 +188,26 @@ def test_unwritable_folder(tmp_path):
         RunWriter(blocker / "sub" / "run.parquet", resume=False)
 
 
+def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """write_atomic: the new text replaces the old in one step; a failure leaves the old file and no stray file."""
+    import os
+
+    from specbench import outputs
+
+    report = tmp_path / "report.md"
+    outputs.write_atomic(report, "old table\n")
+    outputs.write_atomic(report, "new table\n")
+    assert report.read_text() == "new table\n" and list(tmp_path.iterdir()) == [report]
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        outputs.write_atomic(report, "half of a newer table")
+    assert report.read_text() == "new table\n" and list(tmp_path.iterdir()) == [report]
+
+
 def test_out_must_be_parquet(tmp_path):
     with pytest.raises(UserError, match=r"\.parquet"):
         RunWriter(tmp_path / "run.csv", resume=False)

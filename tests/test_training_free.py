@@ -230,6 +230,28 @@ def test_cost_profile_is_made_monotone():
     assert replay.monotone({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
 
 
+@pytest.mark.parametrize("argv", [
+    ["replay", "ngram", "--target", "tiny-llama"],  # the tuning mode, whose --out has a default
+    ["replay", "jetspec", "--target", "tiny-llama", "--set", "path=random"],
+    ["bench", "--target", "tiny-llama"],
+])
+def test_an_out_that_cannot_be_written_is_one_line_before_any_model_loads(argv, tmp_path, monkeypatch):
+    """A report's ``--out`` under a file, or naming a folder, is refused before the model loads (not after a
+    replay of many minutes), in one line that names --out, and nothing is written."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model loaded before --out was checked")
+
+    monkeypatch.setattr(replay, "load_target", no_model)
+    monkeypatch.setattr(bench, "load_target", no_model)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("a file")
+    line = one_error_line(invoke(*argv, "--out", plain / "x.md"))
+    assert "cannot write a report to folder" in line and "plain.txt" in line and line.endswith("choose another --out")
+    line = one_error_line(invoke(*argv, "--out", tmp_path))
+    assert line == f"error: --out {tmp_path} is a folder; name a file, e.g. --out {tmp_path / 'report.md'}"
+    assert list(tmp_path.iterdir()) == [plain] and plain.read_text() == "a file"
+
+
 def test_replay_table_puts_the_best_setting_first_and_nan_last():
     """The settings table is ordered by the sort column, largest first; an unpriced (nan) setting goes last."""
     rows = [dict(budget=b, speedup=v) for b, v in ((16, 1.2), (32, float("nan")), (64, 1.5), (128, 0.9))]

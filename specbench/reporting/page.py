@@ -20,6 +20,7 @@ import pandas as pd
 
 from specbench import plots, report, results
 from specbench.errors import UserError
+from specbench.outputs import write_atomic
 from specbench.reporting import figures
 
 # (kind, draw, title, caption) of the per-(target, task) figures drawn by specbench.plots
@@ -163,8 +164,8 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
         intro += f" Warning: {shared}"
 
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
-    md_path.write_text(_markdown(title, intro, files, compare_md, sections, env), encoding="utf-8")
-    html_path.write_text(_html(title, intro, files, compare_md, sections, env, fig_dir), encoding="utf-8")
+    write_atomic(md_path, _markdown(title, intro, files, compare_md, sections, env))
+    write_atomic(html_path, _html(title, intro, files, compare_md, sections, env, fig_dir))
     return Written(html_path, md_path, written)
 
 

@@ -1,0 +1,47 @@
+"""Files a command writes besides its results (a markdown report and the JSON beside it).
+
+Each is checked before the work starts, so a wrong ``--out`` costs one line, not a finished replay, and is
+written whole or not at all (a temporary file in the same folder, then ``os.replace``), so an interrupted
+write never leaves a damaged report where a good one stood. Result parquet files have their own writer,
+:class:`specbench.results.RunWriter`, which shares :func:`check_folder`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from specbench.errors import UserError
+
+
+def check_folder(folder: Path, flag: str, what: str = "files") -> None:
+    """Create ``folder`` (and its parents) and write a probe file in it; a one-line :class:`UserError` naming
+    ``flag`` (the option the user can change) when either fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specbench-probe-"):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write {what} to folder {folder} ({e.strerror or e}); choose another {flag}") from None
+
+
+def check_out_file(path: Path, flag: str = "--out") -> None:
+    """``path`` can be written as a file: not a folder, and its folder can be created and written to."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; name a file, e.g. {flag} {path / 'report.md'}")
+    check_folder(path.parent, flag, "a report")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (UTF-8) so a reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
