@@ -624,7 +624,8 @@ def bench(
     benchmod.main(argv, prog="specbench bench")
 
 
-@app.command()
+@app.command(epilog="Against a run's own result files it retraces that run step for step. ngram or draft-model "
+             "alone tunes its defaults; those modes' own knobs: python -m specbench.replay --help")
 def replay(
     drafter: str = typer.Argument(..., help="any drafter (see `specbench drafters`); ngram or draft-model alone tunes its defaults"),
     refs: List[str] = typer.Argument(None, help="result files or globs whose prompts and greedy outputs to replay "
@@ -644,8 +645,7 @@ def replay(
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default; 1 is steadier on a busy machine)"),
     out: Optional[Path] = typer.Option(None, "--out", help="markdown table, JSON beside it"),
 ) -> None:
-    """Greedy decoding replayed against the target's outputs: tau (and projected speedups) of any drafter setting
-    without the target's verify forward. The tuning modes' own knobs: `python -m specbench.replay --help`."""
+    """Replay greedy decoding on the target's outputs: tau (and projected speedups) of any setting, no verify forward."""
     from specbench import replay as replaymod
     from specbench import results
 
