@@ -483,6 +483,10 @@ def test_cli_train_out_is_a_file(tmp_path, wide_console):
     f.write_text("x")
     res = cli("--target", "tiny-llama", "--out", str(f))
     assert res.exit_code == 2 and "is a file" in res.output
+    res = cli("--target", "tiny-llama", "--out", str(f / "head"))  # under a file: one line, no traceback
+    assert res.exit_code == 2 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert "cannot write the checkpoint to folder" in res.output and "choose another --out" in res.output
+    assert f.read_text() == "x"
 
 
 def test_collate_pads_and_reads_cache(targets, tmp_path):

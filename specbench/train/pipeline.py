@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from specbench.drafter import UserError, drafter_class, parse_config
+from specbench.outputs import check_folder
 from specbench.train.data import TRAIN_SETS
 
 JOB_FILE = "training.json"
@@ -116,6 +117,7 @@ def validate(job: TrainJob) -> tuple[type, Any]:
             changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             raise UserError(f"--out '{job.out}' holds a training run with other settings ({', '.join(changed)}); "
                             "rerun with the same settings to resume, or choose a new --out")
+    check_folder(job.out, "--out", "the checkpoint")  # a folder under a file, or read-only: one line, not a traceback
     return training, recipe
 
 
