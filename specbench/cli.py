@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from specbench.errors import UserError
+from specbench.outputs import check_folder
 from specbench.progress import LoggedProgress
 
 out_console = Console()
@@ -525,6 +526,7 @@ def tune(
         raise UserError(f"unknown --format '{fmt}'; use table or json")
     if executor not in sweeps.EXECUTORS:
         raise UserError(f"unknown --executor '{executor}'; use local or ray")
+    check_folder(out_dir, "--out-dir", "the figure")  # now, not after the runs
     spec = tuning.TuneSpec(
         drafter=drafter, task=None if task_file else task, task_file=task_file, category=category,
         budgets=tuning.parse_budgets(budgets), hardware=tuple(hardware), target=target, limit=limit, seed=seed,
@@ -737,6 +739,7 @@ def hardware_calibrate(
 
     if fmt not in ("table", "json"):
         raise UserError(f"unknown --format '{fmt}'; use table or json")
+    check_folder(out_dir, "--out-dir", "the figure")
     results_ = calibration.calibration_table()
     paths = calibration.plot_calibration(out_dir)
     if fmt == "json":

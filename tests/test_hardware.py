@@ -411,6 +411,13 @@ def test_cli_hardware_user_errors(args, words):
     assert "error:" in res.output and words in res.output and "Traceback" not in res.output
 
 
+def test_cli_hardware_calibrate_out_dir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    res = _cli("hardware", "calibrate", "--out-dir", tmp_path / "f" / "figs")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "error: cannot write the figure to folder" in res.output and "choose another --out-dir" in res.output
+
+
 def test_cli_hardware_calibrate(tmp_path):
     res = _cli("hardware", "calibrate", "--out-dir", tmp_path, "--format", "json")
     assert res.exit_code == 0, res.output

@@ -105,8 +105,10 @@ def test_sweep_text_round_trips_through_the_sweep_loader(tmp_path, prompts):
     (["--hardware", "h999:engine"], "h999"),
     (["--set", "num_draft=3"], "is what --budgets varies"),
     (["--format", "xml"], "unknown --format"),
+    (["--out-dir", "{tmp}/rep.jsonl/figures"], "cannot write the figure to folder"),  # under a file: before any run
 ])
 def test_tune_errors_are_one_line(tmp_path, prompts, extra, words):
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     line = one_error_line(invoke(*tune_args(tmp_path, prompts), *extra))
     assert words in line, line
     assert not list((tmp_path / "res").glob("*.parquet"))
