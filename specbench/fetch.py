@@ -103,9 +103,15 @@ ALIASES: dict[str, AliasInfo] = {
 
 
 def cache_root() -> Path:
-    """``$SPECBENCH_CACHE`` if set, else ``~/.cache/specbench``."""
+    """``$SPECBENCH_CACHE`` if set, else ``~/.cache/specbench``; a one-line error when it (or the nearest part
+    of it that exists) is a file, where every later mkdir would fail with a traceback."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "specbench"
+    there = next((p for p in (root, *root.parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        where = f"{CACHE_ENV}={env}" if env else f"the default cache {root}"
+        raise UserError(f"{where} is not a folder ({there} is a file); set {CACHE_ENV} to a folder, or move that file away")
+    return root
 
 
 def _info(name: str) -> AliasInfo:

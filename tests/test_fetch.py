@@ -52,6 +52,22 @@ def test_cache_root_and_alias_dir(tmp_path, monkeypatch):
     assert fetch.cache_root() == Path.home() / ".cache" / "specbench"
 
 
+def test_a_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    """SPECBENCH_CACHE naming a file, or a folder under one, is a one-line error, not a mkdir traceback later."""
+    from clirun import invoke, one_error_line
+
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for value in (plain, plain / "sub"):
+        monkeypatch.setenv("SPECBENCH_CACHE", str(value))
+        with pytest.raises(UserError, match=f"SPECBENCH_CACHE={value} is not a folder \\({plain} is a file\\)"):
+            fetch.cache_root()
+    line = one_error_line(invoke("replay", "ngram", "--target", "tiny-llama", "--limit", "1", "--tasks", "humaneval",
+                                 "--out", tmp_path / "replay.md"))  # its references are cached
+    assert "set SPECBENCH_CACHE to a folder" in line and plain.read_text() == "x"
+    assert not (tmp_path / "replay.md").exists()
+
+
 def test_unknown_alias_is_a_user_error():
     with pytest.raises(UserError, match="unknown target alias"):
         fetch.alias_dir("gpt-5")
