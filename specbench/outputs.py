@@ -27,10 +27,14 @@ def check_folder(folder: Path, flag: str, what: str = "files") -> None:
 
 
 def check_out_file(path: Path, flag: str = "--out") -> None:
-    """``path`` can be written as a file: not a folder, and its folder can be created and written to."""
+    """``path`` can be written as the markdown report: not a folder, not the ``.json`` that goes beside it,
+    and its folder can be created and written to."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file, e.g. {flag} {path / 'report.md'}")
+    if path.suffix == ".json":
+        raise UserError(f"{flag} names the markdown report and its JSON goes beside it, so it cannot end in .json; "
+                        f"e.g. {flag} {path.with_suffix('.md')}")
     check_folder(path.parent, flag, "a report")
 
 

@@ -249,6 +249,8 @@ def test_an_out_that_cannot_be_written_is_one_line_before_any_model_loads(argv, 
     assert "cannot write a report to folder" in line and "plain.txt" in line and line.endswith("choose another --out")
     line = one_error_line(invoke(*argv, "--out", tmp_path))
     assert line == f"error: --out {tmp_path} is a folder; name a file, e.g. --out {tmp_path / 'report.md'}"
+    line = one_error_line(invoke(*argv, "--out", tmp_path / "x.json"))  # the JSON would overwrite the markdown
+    assert "cannot end in .json" in line and line.endswith(f"--out {tmp_path / 'x.md'}")
     assert list(tmp_path.iterdir()) == [plain] and plain.read_text() == "a file"
 
 
