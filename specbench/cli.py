@@ -20,6 +20,12 @@ out_console = Console()
 err_console = Console(stderr=True)
 
 _INTERRUPTED = "interrupted; rows finished so far are kept — rerun with --resume --out FILE to continue"
+_INTERRUPTED_AS = {  # what Ctrl-C leaves, per command (sweep and tune say it themselves); others: "interrupted"
+    "run": _INTERRUPTED,
+    "train": "interrupted; training resumes from its last saved step — rerun the same command to continue",
+    "bench": "interrupted; no report was written",
+    "replay": "interrupted; no report was written",
+}
 
 
 def _without_flag_metavar(params):
@@ -50,7 +56,7 @@ class _Group(typer.core.TyperGroup):
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:  # typer turns it into a silent exit 130 before main() sees it
-            err_console.print(_INTERRUPTED, highlight=False, soft_wrap=True)
+            err_console.print(_INTERRUPTED_AS.get(ctx.invoked_subcommand or "", "interrupted"), highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
@@ -899,8 +905,8 @@ def report_cmd(
 def main() -> None:
     try:
         app()
-    except KeyboardInterrupt:
-        err_console.print(_INTERRUPTED)
+    except KeyboardInterrupt:  # outside a command (the group's invoke says what a command leaves)
+        err_console.print("interrupted")
         sys.exit(130)
 
 

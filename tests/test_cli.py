@@ -514,3 +514,24 @@ def test_usage_errors_are_one_line(args, words):
     line = assert_user_error(result, *words)
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert line.endswith("--help`)")
+
+
+@pytest.mark.parametrize("command, args, module, attr, words", [
+    ("train", ["--drafter", "eagle3", "--target", "tiny-llama"], "specbench.train.pipeline", "run_training",
+     "training resumes from its last saved step — rerun the same command to continue"),
+    ("replay", ["jetspec", "--target", "tiny-llama"], "specbench.replay", "replay_main", "no report was written"),
+    ("bench", ["--target", "tiny-llama"], "specbench.bench", "load_target", "no report was written"),
+])
+def test_ctrl_c_says_what_each_command_leaves(command, args, module, attr, words, tmp_path, monkeypatch):
+    """Ctrl-C: exit 130, no traceback, and the hint that fits the command (run's --resume fits only run)."""
+    import importlib
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), attr, interrupt)
+    extra = ["--out", str(tmp_path / ("head" if command == "train" else "r.md"))]
+    result = invoke(command, *args, *extra)
+    assert result.exit_code == 130 and "Traceback" not in result.output, result.output
+    assert result.stderr.strip() == f"interrupted; {words}"
+    assert "--resume" not in result.stderr
