@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -302,3 +303,6 @@ if __name__ == "__main__":
         main()
     except UserError as exc:
         raise SystemExit(f"error: {exc}") from None
+    except KeyboardInterrupt:
+        print("interrupted; no report was written", file=sys.stderr)
+        raise SystemExit(130) from None

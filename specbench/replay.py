@@ -719,3 +719,6 @@ if __name__ == "__main__":
     except UserError as exc:  # one line, exit 2, as the CLI does
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted; no report was written", file=sys.stderr)
+        sys.exit(130)
