@@ -633,13 +633,9 @@ def replay_main(args, tasks: list[str]) -> None:
     if args.as_target is not None and not args.hardware:
         raise UserError("--as-target needs --hardware PROFILE to price the what-if on (e.g. --hardware h100-sxm:engine)")
     if args.hardware:
-        from specbench.hardware.analytic import load_config
-        from specbench.hardware.profiles import get_profile
+        from specbench.hardware.project import check_projection
 
-        for name in args.hardware:
-            get_profile(name)  # an unknown profile: one line, before any model loads
-        if args.as_target is not None:
-            load_config(args.as_target)
+        check_projection(args.hardware, args.as_target)  # an unknown profile or shape: one line, before any model loads
     for opts in grid:  # every setting parses before the first replay
         parse_config(cls.Config, args.set + [f"{k}={v}" for k, v in opts.items()])
     live = None

@@ -274,6 +274,25 @@ def _measured(name="cpu-test", target="tiny-llama") -> profiles.MeasuredProfile:
                                     fingerprint={"device": "cpu"}, created="2025-01-01T00:00:00")
 
 
+def test_as_target_on_a_measured_profile_is_refused_before_any_work(monkeypatch):
+    """A measured profile knows one target's forward; --as-target on it is one line before a replay or a compare
+    starts (it was raised only once the first row was priced, after the replay's minutes)."""
+    from specbench import replay
+    from specbench.errors import UserError
+
+    profiles.save_measured(_measured("cpu-test"))
+    with pytest.raises(UserError, match="--as-target needs an analytic profile; 'cpu-test' is measured on tiny-llama"):
+        project.check_projection(["h100-sxm:engine", "cpu-test"], "qwen3-8b")
+    project.check_projection(["h100-sxm:engine", "cpu-test"])  # without --as-target both price
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model loaded before the profiles were checked")
+
+    monkeypatch.setattr(replay, "load_target", no_model)
+    with pytest.raises(UserError, match="'cpu-test' is measured on tiny-llama"):
+        replay.main(["jetspec", "--target", "tiny-llama", "--hardware", "cpu-test", "--as-target", "qwen3-8b"])
+
+
 def test_measured_profiles_live_in_the_cache_unless_told_otherwise(tmp_path, monkeypatch):
     monkeypatch.delenv(profiles.ENV_DIR)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))

@@ -159,12 +159,22 @@ class Projection:
     missing: tuple[str, ...] = ()  # drafter checkpoints (or draft models) whose shape was not found: not priced
 
 
+def check_projection(hardware: list[str] | tuple[str, ...], as_target: str | None = None) -> None:
+    """The one-line errors a projection would raise, before any work: an unknown profile, an unknown
+    ``as_target`` shape, or ``as_target`` on a measured profile (measured on one target, it has no other shape)."""
+    for name in hardware:
+        profile = get_profile(name)
+        if as_target is not None and isinstance(profile, MeasuredProfile):
+            raise UserError(f"--as-target needs an analytic profile; '{name}' is measured on {profile.target}")
+    if as_target is not None:
+        load_config(as_target)
+
+
 def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None) -> Projection:
     """Projected decode speedup of ``rows`` (one drafter configuration's rows) on profile ``hardware``."""
+    check_projection([hardware], as_target)
     profile = get_profile(hardware)
     if as_target is not None:
-        if isinstance(profile, MeasuredProfile):
-            raise UserError(f"--as-target needs an analytic profile; '{hardware}' is measured on {profile.target}")
         as_name, as_cfg = load_config(as_target)
     ar_total = spec_total = 0.0
     ratios = []
@@ -231,8 +241,7 @@ def add_projections(rows: pd.DataFrame, table: pd.DataFrame, hardware: list[str]
     rows the table was built from."""
     if not hardware:
         return table
-    for name in hardware:
-        get_profile(name)  # unknown names fail before any work
+    check_projection(hardware, as_target)  # before any work
     out = []
     missing: list[str] = []
     for _, rec in table.iterrows():
