@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 
 from specbench import report
 from specbench.errors import UserError
+from specbench.outputs import check_folder
 
 DPI = 150
 MAX_WIDTH_IN = 19.0  # the widest figure (2,850 px at DPI)
@@ -493,10 +494,7 @@ def make_figures(df: pd.DataFrame, out_dir: Path | str, allow_mixed: bool = Fals
     if df.empty:
         raise UserError("the results files hold no rows; nothing to plot")
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create {out_dir} ({e.strerror or e}); choose another --out-dir") from None
+    check_folder(out_dir, "--out-dir", "figures")
 
     written: list[Path] = []
     used: set[str] = set()

@@ -269,6 +269,13 @@ def test_plot_command_errors_are_one_line(tmp_path):
     assert corrupt.exit_code == 2 and "not a readable parquet file" in corrupt.output
     assert len(corrupt.output.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+    good = tmp_path / "good.parquet"
+    write_results([ar_row("p0", 3)], good)
+    for command, flag in (("plot", "--out-dir"), ("report", "--out")):  # a folder under a file: one line, no traceback
+        under = runner.invoke(app, [command, str(good), flag, str(bad / "figs")])
+        assert under.exit_code == 2 and "Traceback" not in under.output, under.output
+        assert len(under.output.strip().splitlines()) == 1
+        assert "cannot write" in under.output and f"choose another {flag}" in under.output
 
 
 def test_nan_metrics_do_not_break_a_figure(tmp_path):

@@ -20,7 +20,7 @@ import pandas as pd
 
 from specbench import plots, report, results
 from specbench.errors import UserError
-from specbench.outputs import write_atomic
+from specbench.outputs import check_folder, write_atomic
 from specbench.reporting import figures
 
 # (kind, draw, title, caption) of the per-(target, task) figures drawn by specbench.plots
@@ -120,10 +120,7 @@ def write_report(files: list[Path], out_dir: Path | str, allow_mixed: bool = Fal
         raise UserError("the results files hold no rows; nothing to report")
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
-    try:
-        fig_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create {fig_dir} ({e.strerror or e}); choose another --out") from None
+    check_folder(fig_dir, "--out", "the report")
     # refuses mixed devices unless allow_mixed (or lossless_across_machines)
     compare = report.compare(df, allow_mixed=allow_mixed, outputs_across_machines=lossless_across_machines)
     compare_md = report.format_compare(compare, "markdown")
