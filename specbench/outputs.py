@@ -38,11 +38,25 @@ def check_out_file(path: Path, flag: str = "--out") -> None:
     check_folder(path.parent, flag, "a report")
 
 
+def file_mode(path: Path) -> int:
+    """The permissions ``path`` has, or a new file would get (0666 less the umask): what a replacement keeps,
+    since ``mkstemp`` makes its files 0600."""
+    try:
+        return Path(path).stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (UTF-8) so a reader sees the old file or the new one, never a part."""
+    """Write ``text`` to ``path`` (UTF-8) so a reader sees the old file or the new one, never a part; the file
+    keeps its permissions (a new one gets the usual ones)."""
     path = Path(path)
+    mode = file_mode(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench.errors import UserError
-from specbench.outputs import check_folder
+from specbench.outputs import check_folder, file_mode
 
 SCHEMA_VERSION = 1
 
@@ -411,9 +411,7 @@ class RunWriter:
         fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{self.out_path.name}.", suffix=".tmp")
         tmp = Path(tmp_name)
         try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a result file is as readable as any other file
+            os.chmod(tmp, file_mode(self.out_path))  # mkstemp makes 0600; a result file is as readable as any other
             with os.fdopen(fd, "wb") as f:
                 pq.write_table(table, f)
                 f.flush()

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
+from specbench.outputs import write_atomic  # noqa: E402
 
 SWEEP = Path(__file__).with_suffix(".toml")
 BUDGETS = (16, 32, 64, 128)
@@ -92,7 +93,7 @@ def report_tables() -> None:
     lossless = all(r.get("lossless") in (True, None) for r in s.values())
     lines += ["", f"Every paired output equals the AR baseline's token for token: {'yes' if lossless else 'NO'}."]
     Path("reports").mkdir(exist_ok=True)
-    Path("reports/block_bench.md").write_text("\n".join(lines) + "\n")
+    write_atomic(Path("reports/block_bench.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))

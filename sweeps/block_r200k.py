@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
+from specbench.outputs import write_atomic  # noqa: E402
 
 BUDGETS = (16, 32, 64, 128)
 # (label prefix, display name) of the families that run at every budget
@@ -231,7 +232,7 @@ def write_table(table: list[str], begin: str, end: str) -> Path | None:
     """Replace the lines between ``begin`` and ``end`` in the file :func:`doc_with` finds; return that file."""
     doc = doc_with(begin)
     if doc is not None:
-        doc.write_text(readme_with_table(doc.read_text(), table, begin, end))
+        write_atomic(doc, readme_with_table(doc.read_text(), table, begin, end))  # a README never half-written
     return doc
 
 
@@ -298,7 +299,7 @@ def main(table: Table) -> None:
         lines += ["", f"![tau and decode speedup against the node budget]({figure.relative_to('reports')})"]
         print(f"wrote {figure}")
     out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_atomic(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     if (doc := write_table(readme_table(tasks, s), table.begin, table.end)) is not None:
         print(f"wrote the claims table into {doc}")

@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
+from specbench.outputs import write_atomic  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("block_r200k", Path(__file__).with_name("block_r200k.py"))
 base = importlib.util.module_from_spec(_spec)
@@ -290,7 +291,7 @@ def main(comp: Comparison) -> None:
         lines += ["", f"![tau, draft time and decode speedup of both heads]({comp.figure.relative_to('reports')})"]
         print(f"wrote {comp.figure}")
     comp.out.parent.mkdir(exist_ok=True)
-    comp.out.write_text("\n".join(lines) + "\n")
+    write_atomic(comp.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     if (doc := base.write_table(readme_table(tasks, s, cards, comp), comp.begin, comp.end)) is not None:
         print(f"wrote the table between {comp.begin!r} and its end marker into {doc}")

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specbench import report, results, sweep  # noqa: E402
+from specbench.outputs import write_atomic  # noqa: E402
 from specbench.hardware.project import project_rows  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -213,7 +214,7 @@ def main() -> None:
         lines += ["", f"![tau by prompt index, adapt=off against adapt=bandit]({FIGURE.relative_to('reports')})"]
         print(f"wrote {FIGURE}")
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text("\n".join(lines) + "\n")
+    write_atomic(OUT, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -196,8 +196,13 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     report = tmp_path / "report.md"
     outputs.write_atomic(report, "old table\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert report.stat().st_mode & 0o777 == 0o666 & ~umask  # a new file: the usual permissions, not mkstemp's 0600
+    report.chmod(0o640)
     outputs.write_atomic(report, "new table\n")
     assert report.read_text() == "new table\n" and list(tmp_path.iterdir()) == [report]
+    assert report.stat().st_mode & 0o777 == 0o640  # a replaced file keeps its own
 
     def fail(src, dst):
         raise OSError(28, "No space left on device")
