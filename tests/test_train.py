@@ -417,6 +417,22 @@ def assert_snapshot_is_the_checkpoint(run: Path, dest: Path, target) -> None:
         snapshot(dest, dest / "again", lambda name: target)
 
 
+def test_an_unfinished_run_passed_as_a_checkpoint_points_to_snapshot_head(tmp_path, wide_console):
+    """A training folder that has only its resumable state is not a checkpoint yet: one line saying how to get one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trainer_state.pt").write_bytes(b"state")
+    res = CliRunner().invoke(app, ["run", "--drafter", "eagle3", "--set", f"path={run}", "--target", "tiny-llama",
+                                   "--task", "humaneval", "--limit", "1", "--out", str(tmp_path / "r.parquet")])
+    assert res.exit_code == 2 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert "is a training run that has not finished" in res.output
+    assert f"python scripts/snapshot-head {run} DEST" in res.output
+    (run / "trainer_state.pt").unlink()  # an empty folder: the plain message
+    res = CliRunner().invoke(app, ["run", "--drafter", "eagle3", "--set", f"path={run}", "--target", "tiny-llama",
+                                   "--task", "humaneval", "--limit", "1", "--out", str(tmp_path / "r.parquet")])
+    assert res.exit_code == 2 and "has no config.json" in res.output and "snapshot-head" not in res.output
+
+
 def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, wide_console):
     """precision=bf16 on a CPU without native bfloat16 trains several times slower than fp32 (11.4x for a JetSpec
     step on an AVX2 EPYC): `train` measures a matmul in both and says so before the run starts."""

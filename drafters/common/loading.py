@@ -57,6 +57,9 @@ def read_config(src: Path, where: str, parse: Callable[[dict], C]) -> C:
     """``parse(config.json)`` of directory ``src``; missing, broken or invalid configs are one line."""
     require_folder(src, where)
     if not (src / "config.json").exists():
+        if (src / "trainer_state.pt").exists():  # specbench.train.trainer.STATE_FILE: a run still training
+            raise UserError(f"{where} is a training run that has not finished (no config.json yet); write its last "
+                            f"saved weights with `python scripts/snapshot-head {src} DEST` and pass DEST")
         raise UserError(f"{where} has no config.json")
     try:
         return parse(json.loads((src / "config.json").read_text()))
