@@ -56,8 +56,8 @@ def write_atomic(path: Path, text: str) -> None:
     mode = file_mode(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # closes fd whatever happens next
+            os.fchmod(f.fileno(), mode)
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
