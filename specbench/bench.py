@@ -35,7 +35,7 @@ import torch
 from specbench.decode import Generation, generate
 from specbench.drafter import Sampling, config_json, drafter_class, parse_config
 from specbench.errors import UserError
-from specbench.outputs import check_out_file, write_atomic
+from specbench.outputs import check_out_file, write_report
 from specbench.report import cpu_shared
 from specbench.results import env_fingerprint, load_average
 from specbench.targets import load_target
@@ -228,8 +228,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.bench")
               "env": env, "load_before": load_before, "load_max": max((r["load_1min"] for r in per_prompt), default=None),
               "shared_machine_note": load_note(load_before, [r["load_1min"] for r in per_prompt], torch.get_num_threads()),
               "summary": summary, "per_prompt": per_prompt}
-    write_atomic(out, markdown(report))
-    write_atomic(out.with_suffix(".json"), json.dumps(report, indent=1))
+    write_report(out, markdown(report), report)
     print_table(report)
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return report

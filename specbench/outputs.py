@@ -63,3 +63,12 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_report(out: Path, markdown: str, data: dict) -> None:
+    """A command's report: the markdown at ``out`` and ``data`` as JSON beside it (``out`` with ``.json``), each whole."""
+    import json
+
+    out = Path(out)
+    write_atomic(out, markdown)
+    write_atomic(out.with_suffix(".json"), json.dumps(data, indent=1))

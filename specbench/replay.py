@@ -51,7 +51,7 @@ import torch
 from specbench.decode import generate
 from specbench.drafter import DraftContext, Sampling, drafter_class, parse_config
 from specbench.errors import UserError
-from specbench.outputs import check_out_file, write_atomic
+from specbench.outputs import check_out_file, write_report
 from specbench.targets import Target, load_target
 from specbench.tasks import load_task, render_chat, select
 from specbench.tree import chain
@@ -616,8 +616,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m specbench.replay"
                     f"(tau {best['tau']:.2f}, predicted speedup {best['speedup']:.3f}).", "",
                     f"## All {len(rows)} settings, best first", ""]
     lines += _markdown(rows, [k for k in keys if any(k in r for r in rows)], "speedup")
-    write_atomic(out, "\n".join(lines) + "\n")
-    write_atomic(out.with_suffix(".json"), json.dumps(dict(command=cmd, env=env, profile_s=profile, rows=rows), indent=1))
+    write_report(out, "\n".join(lines) + "\n", dict(command=cmd, env=env, profile_s=profile, rows=rows))
     print("\n".join(lines[: len(head) + 12]))
 
 
@@ -703,8 +702,7 @@ def replay_main(args, tasks: list[str]) -> None:
     lines += _markdown(rows, keys, sort)
     print("\n".join(lines))
     if args.out:
-        write_atomic(args.out, "\n".join(lines) + "\n")
-        write_atomic(args.out.with_suffix(".json"), json.dumps(dict(command=cmd, env=env, rows=rows), indent=1))
+        write_report(args.out, "\n".join(lines) + "\n", dict(command=cmd, env=env, rows=rows))
 
 
 if __name__ == "__main__":

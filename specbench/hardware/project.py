@@ -163,17 +163,20 @@ def check_projection(hardware: list[str] | tuple[str, ...], as_target: str | Non
     """The one-line errors a projection would raise, before any work: an unknown profile, an unknown
     ``as_target`` shape, or ``as_target`` on a measured profile (measured on one target, it has no other shape)."""
     for name in hardware:
-        profile = get_profile(name)
-        if as_target is not None and isinstance(profile, MeasuredProfile):
-            raise UserError(f"--as-target needs an analytic profile; '{name}' is measured on {profile.target}")
+        _refuse_as_target_on_measured(name, get_profile(name), as_target)
     if as_target is not None:
         load_config(as_target)
 
 
+def _refuse_as_target_on_measured(name: str, profile, as_target: str | None) -> None:
+    if as_target is not None and isinstance(profile, MeasuredProfile):
+        raise UserError(f"--as-target needs an analytic profile; '{name}' is measured on {profile.target}")
+
+
 def project_rows(rows: pd.DataFrame, hardware: str, as_target: str | None = None) -> Projection:
     """Projected decode speedup of ``rows`` (one drafter configuration's rows) on profile ``hardware``."""
-    check_projection([hardware], as_target)
     profile = get_profile(hardware)
+    _refuse_as_target_on_measured(hardware, profile, as_target)
     if as_target is not None:
         as_name, as_cfg = load_config(as_target)
     ar_total = spec_total = 0.0
