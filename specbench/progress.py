@@ -5,8 +5,9 @@ Rich draws nothing while a bar runs when its console is not a terminal, so a tra
 :class:`~rich.progress.Progress` that, when its console is not a terminal, also prints one plain line
 per task at its first update, at most every :attr:`LoggedProgress.log_every_s` seconds while it moves
 (with the time left, as the bar's own estimate has it, once there is one), and when it completes.
-Nothing is printed when a task is added, so a user error raised before the first update (a bad target,
---compile on a CPU) stays the one line on stderr.
+Nothing is printed when a task is added, nor when the bar stops (off a terminal the live display does not
+start: rich would end it with the bar's last frame, or an empty line for a transient bar), so a user error
+raised before the first update (a bad target, --compile on a CPU) stays the one line on stderr.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ class LoggedProgress(Progress):
     def update(self, task_id: TaskID, **kwargs: Any) -> None:
         super().update(task_id, **kwargs)
         self._log(task_id)
+
+    def start(self) -> None:
+        if not self._log_plain:  # off a terminal the plain lines are the record: no live display to end
+            super().start()
+
+    def stop(self) -> None:
+        if not self._log_plain:
+            super().stop()
 
     def _log(self, task_id: TaskID) -> None:
         if not self._log_plain:

@@ -54,3 +54,17 @@ def test_a_terminal_gets_the_bar_and_no_extra_lines(clock):
             clock[0] += 100.0
             bar.update(task, completed=step)
     assert "train: " not in sink.getvalue()
+
+
+@pytest.mark.parametrize("transient", [False, True])
+def test_a_bar_stopped_before_any_update_leaves_a_log_empty(clock, transient):
+    """A user error raised while loading (inside the bar, before its first update) stays the only line on stderr:
+    rich ends a bar on a console that is not a terminal with its last frame, or an empty line when transient (the
+    blank line that stood above `run --target nosuch`'s error in a log)."""
+    bar, sink = _bar(False, clock)
+    bar.live.transient = transient
+    with pytest.raises(ValueError):
+        with bar:
+            bar.add_task("run", total=None, label="loading")
+            raise ValueError("a bad target")
+    assert sink.getvalue() == ""
