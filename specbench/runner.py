@@ -224,8 +224,13 @@ def placement(device_map: str, model) -> str:
 
 
 def validate(spec: RunSpec) -> list[Prompt]:
-    """Every check that needs no model: numbers, prompts, drafter name and --set keys. Cheap."""
+    """Every check that needs no model: numbers, device and dtype names, prompts, drafter name and --set keys.
+    Cheap."""
+    from specbench.targets import check_dtype, parse_device
+
     check_numbers(spec)
+    parse_device(spec.device)
+    check_dtype(spec.dtype)
     check_device_map(spec)
     if spec.compile:
         from specbench.static import check_compile

@@ -233,11 +233,27 @@ def load_sweep(path: Path | str, executor: str | None = None) -> Sweep:
     if not path.is_file():
         raise UserError(f"sweep file {path} does not exist; check the path")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML ({exc}); fix the file") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a UTF-8 text file; pass a TOML sweep file") from None
+    return parse_sweep(text, path, executor)
+
+
+class CellError(UserError):
+    """A cell that :func:`runner.validate` refuses; ``reason`` is runner's own line, in `run`'s option names."""
+
+    def __init__(self, path: Path, cell: str, reason: str) -> None:
+        super().__init__(_where(path, f"cell {cell}: {reason}"))
+        self.reason = reason
+
+
+def parse_sweep(text: str, path: Path, executor: str | None = None) -> Sweep:
+    """:func:`load_sweep` on ``text``, the contents ``path`` has (or is about to have: `tune` checks its
+    generated file before writing it)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML ({exc}); fix the file") from None
     _check_keys(data, TOP_KEYS, path, "the top level")
     for key in ("targets", "tasks", "drafters"):
         if key not in data:
@@ -313,7 +329,7 @@ def load_sweep(path: Path | str, executor: str | None = None) -> Sweep:
         try:
             runner.validate(cell.spec)
         except UserError as exc:
-            raise UserError(_where(path, f"cell {cell.name}: {exc}")) from None
+            raise CellError(path, cell.name, str(exc)) from None
     name = _scalar(data, "name", str, path.stem, path, "the top level")
     return Sweep(path, name, results_dir, executor, tuple(cells))
 

@@ -165,27 +165,42 @@ class Target:
 # -------------------------------------------------------------------- loading
 
 
-def pick_device(device: str) -> torch.device:
+def parse_device(device: str) -> torch.device | None:
+    """``device`` as torch reads it (None for auto); a name torch does not know is a UserError. Whether the
+    device exists here is :func:`pick_device`'s question, asked where the model loads (a sweep's cell may run
+    on another machine)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return None
     try:
-        dev = torch.device(device)
+        return torch.device(device)
     except RuntimeError:
         raise UserError(f"invalid --device '{device}'; use auto, cpu or cuda[:N]") from None
+
+
+def pick_device(device: str) -> torch.device:
+    dev = parse_device(device)
+    if dev is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but no CUDA GPU is available; use --device cpu")
     return dev
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype != "auto" and dtype not in DTYPES:
+        raise UserError(f"invalid --dtype '{dtype}'; use auto, float32, bfloat16 or float16")
+
+
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+    check_dtype(dtype)
     if dtype == "auto":
         # fp32 on CPU: bf16 matmuls are emulated there (slow) and drift from sequential decoding.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in table:
-        raise UserError(f"invalid --dtype '{dtype}'; use auto, float32, bfloat16 or float16")
-    return table[dtype]
+    return DTYPES[dtype]
 
 
 def stop_tokens_of(model, tokenizer) -> tuple[int, ...]:

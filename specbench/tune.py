@@ -29,6 +29,7 @@ import pandas as pd
 
 from specbench import report, runner, sweep
 from specbench.errors import UserError
+from specbench.outputs import check_folder, write_atomic
 
 # the option a drafter's budget lives in, in order of preference (every budget counts the root,
 # except ngram / draft-model's num_draft, which counts the drafts)
@@ -166,12 +167,16 @@ def write_sweep(spec: TuneSpec) -> tuple[sweep.Sweep, str, Path]:
     key = budget_key(spec)
     text = sweep_text(spec, key)
     path = Path(spec.results_dir) / f"{file_stem(spec)}.toml"
+    try:  # every cell checked before the file is written: a typo must not replace an earlier tune's sweep file
+        plan = sweep.parse_sweep(text, path)
+    except sweep.CellError as exc:
+        raise UserError(exc.reason) from None  # in the options the user typed, not the generated file's cells
+    check_folder(path.parent, "--results-dir", "the sweep file")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_atomic(path, text)
     except OSError as exc:
         raise UserError(f"cannot write {path} ({exc.strerror or exc}); choose another --results-dir") from None
-    return sweep.load_sweep(path), key, path
+    return plan, key, path
 
 
 def _budget_of(cell: sweep.Cell, key: str) -> int:

@@ -145,6 +145,10 @@ set = {{num_draft = [2, 4]}}
      ["names task 'gsm8k'", "not in 'tasks'"]),
     ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\nlabel = "{depth}"\n', ["{depth}"]),
     ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\nexecutor = "slurm"\n[[drafters]]\ndrafter = "ngram"\n', ["unknown executor 'slurm'"]),
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\ndevice = "gpu0"\n[[drafters]]\ndrafter = "ngram"\n',
+     ["cell tiny-llama_humaneval_ngram_T0_s0", "invalid --device 'gpu0'"]),  # was: every cell run and failed
+    ('targets = ["tiny-llama"]\ntasks = ["humaneval"]\ndtype = "half"\n[[drafters]]\ndrafter = "ngram"\n',
+     ["invalid --dtype 'half'"]),
     ('targets = ["tiny-llama"\n', ["not valid TOML"]),
     ('tasks = ["humaneval"]\n[[drafters]]\ndrafter = "ngram"\n', ["missing 'targets'"]),
 ])

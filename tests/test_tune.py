@@ -106,9 +106,24 @@ def test_sweep_text_round_trips_through_the_sweep_loader(tmp_path, prompts):
     (["--set", "num_draft=3"], "is what --budgets varies"),
     (["--format", "xml"], "unknown --format"),
     (["--out-dir", "{tmp}/rep.jsonl/figures"], "cannot write the figure to folder"),  # under a file: before any run
+    (["--results-dir", "{tmp}/rep.jsonl/res"], "cannot write the sweep file to folder"),
+    (["--device", "gpu0"], "invalid --device 'gpu0'"),  # was: a sweep of failed cells, rc 1
+    (["--dtype", "half"], "invalid --dtype 'half'"),
 ])
 def test_tune_errors_are_one_line(tmp_path, prompts, extra, words):
     extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     line = one_error_line(invoke(*tune_args(tmp_path, prompts), *extra))
     assert words in line, line
     assert not list((tmp_path / "res").glob("*.parquet"))
+
+
+def test_a_mistyped_option_leaves_the_earlier_tunes_sweep_file_as_it_was(tmp_path, prompts):
+    """The generated sweep file is checked before it is written: the error is in the options typed (not the
+    generated file's cell names), and the sweep file of an earlier tune with the same name is not replaced."""
+    sweep_file = tmp_path / "res" / "tune_tiny-qwen3_file-rep_ngram.toml"  # the name this tune writes
+    sweep_file.parent.mkdir()
+    sweep_file.write_text("# an earlier tune\n")
+    line = one_error_line(invoke(*tune_args(tmp_path, prompts), "--set", "nosuch=1"))
+    assert line.startswith("error: unknown --set key 'nosuch'"), line
+    assert sweep_file.read_text() == "# an earlier tune\n"
+    assert [p.name for p in sweep_file.parent.iterdir()] == [sweep_file.name]
