@@ -111,8 +111,9 @@ def export_speculators(src: Path, out: Path, verifier: str | None = None, tokens
     config = _read_json(src / "config.json", "checkpoint config")
     kind = family(config)
     if kind == "dflash":
-        raise UserError("DFlash is not exported: the speculators DFlash format takes the mask from the verifier's embedding "
-                        "row and has no place for the learned mask vector specbench's block drafters carry")
+        raise UserError(f"{src} is a block drafter (the DFlash layout, which JetSpec and TreeFlash heads share) and is not "
+                        "exported: the speculators DFlash format takes the mask from the verifier's embedding row and has "
+                        "no place for the learned mask vector specbench's block drafters carry")
     if kind != "eagle3":
         raise UserError(f"{src} is not an EAGLE-3 checkpoint (architectures {config.get('architectures')}); "
                         "only EAGLE-3 heads are exported to the speculators format")

@@ -134,7 +134,7 @@ def test_verifier_option(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    ([DFLASH, "{tmp}/d"], "DFlash is not exported"),
+    ([DFLASH, "{tmp}/d"], "is a block drafter (the DFlash layout"),
     ([SHIPPED, "{tmp}/x", "--format", "onnx"], "unknown --format"),
     (["{tmp}", "{tmp}/y"], "has no config.json"),
     ([SHIPPED, "{tmp}/full"], "not an empty folder"),
