@@ -5,6 +5,7 @@ trainer (loss goes down, resume equals an uninterrupted run), a trained head sta
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
@@ -465,6 +466,32 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, tmp_path, w
     monkeypatch.setattr(precision, "bf16_matmul_ratio", unmeasured)
     res = cli(*TINY_CLI, "--device", "cpu", "--out", str(tmp_path / "head"))  # fp32: no measurement, no warning
     assert res.exit_code == 2 and "warning" not in res.output and "stopped before training" in res.output
+
+
+def test_a_folder_being_trained_is_refused_to_a_second_process(monkeypatch, tmp_path, wide_console):
+    """Two `specbench train` on one --out (a resume rerun while the first still trains) would both write its
+    checkpoints: the second is refused in one line naming the first's pid, before it loads anything; once the first
+    has let go (as when its process ends), the same command goes on."""
+    from specbench.errors import UserError
+    from specbench.train import pipeline
+
+    out = tmp_path / "head"
+    reached = []
+
+    def load_target(name, *args):
+        reached.append(name)
+        raise UserError("stopped at the target")
+    monkeypatch.setattr("specbench.targets.load_target", load_target)
+    with pipeline.exclusive_run(out):  # another open file description: flock refuses it even in this process
+        res = cli(*TINY_CLI, "--device", "cpu", "--out", str(out))
+        assert res.exit_code == 2 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+        assert f"--out '{out}' is being trained by another process (pid {os.getpid()})" in res.output
+        assert reached == [] and not (out / "training.json").exists()
+        with pytest.raises(UserError, match="being trained by another process"):
+            with pipeline.exclusive_run(out):
+                pass
+    res = cli(*TINY_CLI, "--device", "cpu", "--out", str(out))
+    assert res.exit_code == 2 and "stopped at the target" in res.output and reached == ["tiny-llama"]
 
 
 def test_recorded_command_has_no_local_paths(monkeypatch, tmp_path):

@@ -20,6 +20,7 @@ answers and builds the feature caches first while the others wait, then they reu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -39,6 +40,7 @@ from specbench.outputs import check_folder
 from specbench.train.data import TRAIN_SETS
 
 JOB_FILE = "training.json"
+LOCK_FILE = ".train.lock"  # held (flock) by the process training into the folder; holds its pid
 DEFAULT_BUDGET_TOKENS = 20_000
 DEFAULT_HELDOUT_TOKENS = 6_000
 
@@ -177,18 +179,49 @@ def run_training(job: TrainJob, load_target: Callable[[TrainJob], Any],
     training, recipe = validate(job)
     world = from_env()
     if world is None:
-        return _run(job, training, recipe, load_target, progress, stop_after, command, None)
+        with exclusive_run(job.out):
+            return _run(job, training, recipe, load_target, progress, stop_after, command, None)
     import torch.distributed as dist
 
     device = _rank_device(job.device, world)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=_dt.timedelta(hours=48))
-    try:
-        return _run(dataclasses.replace(job, device=device), training, recipe, load_target,
-                    progress if world.rank == 0 else None, stop_after, command, world)
+    try:  # rank 0 writes the folder, so it holds the lock (torchrun stops the others if it is refused)
+        with exclusive_run(job.out) if world.rank == 0 else contextlib.nullcontext():
+            return _run(dataclasses.replace(job, device=device), training, recipe, load_target,
+                        progress if world.rank == 0 else None, stop_after, command, world)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def exclusive_run(out: Path):
+    """Hold ``out``'s training lock for the call, so a second `specbench train --out` on the same folder (a
+    resume command or script rerun while the first run still trains) is refused in one line instead of
+    training over the first run's checkpoints. An advisory ``flock``: the system releases it when the process
+    ends, however it ends, so a stale lock file never blocks a resume. (Where there is no ``fcntl``, as on
+    Windows, there is no lock.)"""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_FILE, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip()
+            raise UserError(f"--out '{out}' is being trained by another process{f' (pid {holder})' if holder else ''}; "
+                            "wait for it to finish or stop it, then rerun the same command to resume, "
+                            "or give another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield  # closing the file releases the lock
 
 
 def _rank_device(device: str, world) -> str:
