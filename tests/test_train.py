@@ -5,8 +5,8 @@ trainer (loss goes down, resume equals an uninterrupted run), a trained head sta
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from pathlib import Path
 
 import numpy as np
