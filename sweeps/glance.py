@@ -13,7 +13,7 @@ value of each column.
 It also writes the table of issue 10's five targets (between its own marker lines): for each, every head measured
 against it (a tau from one committed result file, or a held-out top-1 from a head's ``training.json``), the best of
 them and the verdict by the target's rule. A head still training (its result file not there yet) is listed as
-"not measured yet" and does not count.
+"not measured yet" and does not count; nor does a replayed snapshot of a head that never shipped, shown beside them.
 """
 
 from __future__ import annotations
@@ -189,7 +189,9 @@ def figure(measured: list[tuple[Row, dict]]) -> None:
 class Target(NamedTuple):
     """One of issue 10's targets: ``heads`` are (name, source) with source (sweep, label, task) for a tau or
     (checkpoint folder,) for the held-out depth-1 top-1 in its card; ``rule`` takes the best value (and the
-    reference, for a target set against another head) and says whether it is reached."""
+    reference, for a target set against another head) and says whether it is reached. ``uncounted`` are
+    (name, source, why) shown beside them but left out of the verdict: a snapshot of a head that never shipped,
+    with source ("replay", replay .json, task, budget) for its replayed tau (`python -m specbench.replay`)."""
 
     claim: str
     asked: str
@@ -197,6 +199,7 @@ class Target(NamedTuple):
     reference: tuple | None = None  # (name, source) of the head the target is measured against
     margin: float = 0.0  # reached when best >= threshold (or reference - margin)
     threshold: float | None = None
+    uncounted: tuple = ()
 
 
 _CK = "drafters/checkpoints/"
@@ -225,7 +228,10 @@ TARGETS = (
     Target("JetSpec tau on math500, budget 64", ">= 2.5", (
         ("gamma 7", ("block_r200k", "jetspec-64", "math500")), ("gamma 1", ("block_g1", "jetspec-64", "math500")),
         ("gamma 1, 8k ids, 7 epochs", ("jetspec_e7", "e7-tree-64", "math500")),
-        ("1.6M tokens, 3 epochs", ("jetspec_r1600k", "r1600k-tree-64", "math500"))), threshold=2.5),
+        ("1.6M tokens, 3 epochs", ("jetspec_r1600k", "r1600k-tree-64", "math500"))), threshold=2.5,
+        uncounted=(("1.6M tokens, 3 epochs, step 2,700 of 4,084",
+                    ("replay", "reports/data/jetspec-r1600k/replay-step2700.json", "math500", "64"),
+                    "replayed snapshot; the run was lost to a machine wipe at step ~2,800 and never shipped"),)),
 )
 
 
@@ -235,6 +241,12 @@ def target_value(source: tuple) -> float | None:
     if len(source) == 1:
         card = Path(source[0]) / "training.json"
         return json.loads(card.read_text())["heldout"]["acc_0"] if card.exists() else None
+    if source[0] == "replay":  # a committed replay table: the row at that budget, that task's tau
+        _, path, task, budget = source
+        rows = [r for r in json.loads(Path(path).read_text())["rows"] if str(r["budget"]) == budget]
+        if len(rows) != 1:
+            raise SystemExit(f"{path} has no single row at budget {budget}")
+        return float(rows[0][f"tau_{task}"])
     sweep_name, label, task = source
     plan = _plan(sweep_name)
     cells = [c for c in plan.cells if c.label == label and c.task_label == task]
@@ -261,6 +273,7 @@ def targets_table() -> list[str]:
             bar = ref - t.margin
         else:
             bar = t.threshold
+        parts += [f"{name}: {target_value(source):.2f} ({why}; not counted)" for name, source, why in t.uncounted]
         shown = format(best, spec(t.heads[0][1]))
         verdict = "**not reached**" if best < bar else ("**reached** (at equality)" if best == bar else "**reached**")
         lines.append(f"| {t.claim} | {t.asked} | {'; '.join(parts)} | {shown} ({best_name}) | {verdict} |")

@@ -593,21 +593,36 @@ def test_at_a_glance_bolds_each_columns_best():
 
 def test_issue_targets_are_decided_by_their_rule(monkeypatch):
     """A target is reached when its best head is at or over the bar (a threshold, or the reference head less the
-    margin), "at equality" when exactly on it; a head whose file is not there yet does not count."""
+    margin), "at equality" when exactly on it; a head whose file is not there yet does not count, nor does a replayed
+    snapshot shown beside them (even one over the bar)."""
     script = _glance_script()
     a, b, ref, pending = (("s", name, "humaneval") for name in ("a", "b", "ref", "pending"))  # taus: (sweep, label, task)
-    values = {a: 2.4, b: 2.6, ref: 2.6, pending: None}
+    snap = ("replay", "x.json", "humaneval", "64")
+    values = {a: 2.4, b: 2.6, ref: 2.6, pending: None, snap: 2.7}
     monkeypatch.setattr(script, "target_value", lambda source: values[source])
     cases = [(script.Target("t", ">= 2.5", (("A", a), ("B", b)), threshold=2.5), "| 2.60 (B) | **reached** |"),
              (script.Target("t", ">= 2.5", (("A", a), ("P", pending)), threshold=2.5), "**not reached** |"),
              (script.Target("t", "= ref", (("B", b),), reference=("R", ref)), "**reached** (at equality) |"),
              (script.Target("t", "ref - 0.3", (("A", a),), reference=("R", ref), margin=0.3), "**reached** |"),
-             (script.Target("t", "ref - 0.1", (("A", a),), reference=("R", ref), margin=0.1), "**not reached** |")]
+             (script.Target("t", "ref - 0.1", (("A", a),), reference=("R", ref), margin=0.1), "**not reached** |"),
+             (script.Target("t", ">= 2.5", (("A", a),), threshold=2.5, uncounted=(("S", snap, "lost"),)),
+              "| 2.40 (A) | **not reached** |")]
     for target, ending in cases:
         monkeypatch.setattr(script, "TARGETS", (target,))
         row = script.targets_table()[2]
         assert row.endswith(ending), (row, ending)
         assert ("P: not measured yet" in row) == (target.heads[-1][0] == "P")
+        assert ("S: 2.70 (lost; not counted)" in row) == bool(target.uncounted)
+
+
+def test_a_target_reads_a_replayed_snapshot_from_its_committed_table(tmp_path):
+    """A replay source is the tau of one task in the row of one budget of a replay .json; no such row is an error."""
+    script = _glance_script()
+    table = tmp_path / "replay.json"
+    table.write_text(json.dumps({"rows": [{"budget": "16", "tau_math500": 1.9}, {"budget": "64", "tau_math500": 2.125}]}))
+    assert script.target_value(("replay", str(table), "math500", "64")) == 2.125
+    with pytest.raises(SystemExit, match="no single row at budget 32"):
+        script.target_value(("replay", str(table), "math500", "32"))
 
 
 def test_glance_script_takes_no_arguments(capsys):
