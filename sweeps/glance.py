@@ -273,7 +273,8 @@ def targets_table() -> list[str]:
             bar = ref - t.margin
         else:
             bar = t.threshold
-        parts += [f"{name}: {target_value(source):.2f} ({why}; not counted)" for name, source, why in t.uncounted]
+        parts += [f"{name}: {format(target_value(source), spec(source))} ({why}; not counted)"
+                  for name, source, why in t.uncounted]
         shown = format(best, spec(t.heads[0][1]))
         verdict = "**not reached**" if best < bar else ("**reached** (at equality)" if best == bar else "**reached**")
         lines.append(f"| {t.claim} | {t.asked} | {'; '.join(parts)} | {shown} ({best_name}) | {verdict} |")
